@@ -1,0 +1,66 @@
+"""Route each hot operation to its Triton kernel (CUDA tensors, when enabled) or its torch reference.
+
+The engine turns kernels on for CUDA (`enable(True)`); CPU runs always take the reference path.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import reference
+
+_enabled = False
+
+
+def enable(on: bool = True) -> None:
+    """Use the Triton kernels for CUDA tensors (needs the `triton` package)."""
+    global _enabled
+    if on:
+        import kernels.triton_ops  # noqa: F401 - fail here, not in the middle of a forward pass
+    _enabled = on
+
+
+def _kernel(x: torch.Tensor):
+    if _enabled and x.is_cuda:
+        import kernels.triton_ops as ops
+
+        return ops
+    return None
+
+
+def rms_norm(x, weight, eps, residual=None, zero_centered=False):
+    ops = _kernel(x)
+    if ops is not None and hasattr(ops, "rms_norm"):
+        return ops.rms_norm(x, weight, eps, residual, zero_centered)
+    return reference.rms_norm(x, weight, eps, residual, zero_centered)
+
+
+def rotary(q, k, cos, sin, positions):
+    ops = _kernel(q)
+    if ops is not None and hasattr(ops, "rotary"):
+        return ops.rotary(q, k, cos, sin, positions)
+    return reference.rotary(q, k, cos, sin, positions)
+
+
+def silu_and_mul(x):
+    ops = _kernel(x)
+    if ops is not None and hasattr(ops, "silu_and_mul"):
+        return ops.silu_and_mul(x)
+    return reference.silu_and_mul(x)
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping):
+    ops = _kernel(k)
+    if ops is not None and hasattr(ops, "store_kv"):
+        return ops.store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len):
+    ops = _kernel(q)
+    if ops is not None and hasattr(ops, "paged_decode_attention"):
+        return ops.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len)
+
+
+def prefill_attention(q, k, v, seq_lens, scale):
+    return reference.prefill_attention(q, k, v, seq_lens, scale)

@@ -1,0 +1,37 @@
+"""`python -m launcher setup` prepares the backend folder; `python -m launcher serve ...` runs the server."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from launcher.triton import TritonServer, find_install, server_env
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m launcher")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("setup", help="prepare the python backend folder for this environment")
+    serve = sub.add_parser("serve", help="run tritonserver in the foreground")
+    serve.add_argument("--model-repository", default="model_repository")
+    serve.add_argument("--models", nargs="*", default=None,
+                       help="load only these models (explicit model control); default: all")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("extra", nargs=argparse.REMAINDER, help="more tritonserver flags after --")
+    args = ap.parse_args(argv)
+
+    install = find_install()
+    if args.cmd == "setup":
+        print(f"[setup] tritonserver: {install.binary}\n[setup] backends:    {install.backend_dir}")
+        return 0
+    server = TritonServer(args.model_repository, args.models, args.http_port, args.grpc_port,
+                          args.metrics_port, extra_args=[a for a in args.extra if a != "--"])
+    cmd = server.command(install)
+    print("+", " ".join(cmd), flush=True)
+    os.execve(cmd[0], cmd, server_env(install))   # replace this process: signals reach the server
+
+
+if __name__ == "__main__":
+    sys.exit(main())

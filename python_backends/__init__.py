@@ -1,0 +1,1 @@
+"""The library that triton-omni's step models call: runtime, AR engine, models, codecs, media."""

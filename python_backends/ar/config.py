@@ -1,0 +1,22 @@
+"""Typed engine configuration (filled from the AR step's parameters)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 16                  # sequences decoded together at most
+    max_model_len: int = 2048               # prompt + output tokens per sequence
+    max_num_batched_tokens: int = 8192      # prompt tokens packed into one prefill step
+    block_size: int = 16                    # tokens per KV-cache block
+    num_kv_blocks: int = 0                  # 0: on CPU, room for every sequence at full length;
+                                            #    on GPU, what `gpu_memory_utilization` leaves free
+    gpu_memory_utilization: float = 0.85
+    cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    enforce_eager: bool = False             # True: never capture CUDA graphs
+    use_triton_kernels: bool = True         # CUDA only: the kernels/ Triton kernels for hot ops
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_model_len < 2 or self.block_size < 1:
+            raise ValueError(f"invalid engine config {self}")

@@ -1,0 +1,163 @@
+"""The AR engine: requests in from any thread, one scheduled step at a time, tokens out.
+
+`add` and `abort` only post to an inbox; the thread that calls `step` (the engine loop) owns every
+piece of state, so no locks are held around the model. Each finished or growing sequence is
+reported through its `on_output(seq, new_token_ids, finish_reason)` callback, on the loop thread.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from python_backends.ar.block_manager import BlockManager
+from python_backends.ar.config import EngineConfig
+from python_backends.ar.model_runner import ModelRunner
+from python_backends.ar.sampling import SamplingParams
+from python_backends.ar.scheduler import Scheduler
+from python_backends.ar.sequence import Sequence
+from python_backends.runtime.errors import InvalidInput
+
+
+@dataclass
+class EngineStats:
+    prefill_steps: int = 0
+    prefill_tokens: int = 0
+    decode_steps: int = 0
+    decode_tokens: int = 0          # sum of decode batch sizes
+    max_decode_batch: int = 0
+
+
+class LLMEngine:
+    def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device | str,
+                 dtype: torch.dtype, eos_token_ids: list[int], vocab_size: int):
+        self.config = config
+        self.device = torch.device(device)
+        self.eos_token_ids = set(eos_token_ids)
+        self.vocab_size = vocab_size
+        self.runner = ModelRunner(model, config, self.device, dtype)
+        if self.runner.num_blocks * config.block_size < config.max_model_len:
+            raise ValueError("the KV cache cannot hold one sequence of max_model_len tokens")
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.max_num_seqs)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.stats = EngineStats()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._by_id: dict[int, Sequence] = {}
+
+    # -- called from any thread ---------------------------------------------------------------
+    def add(self, prompt_ids: list[int], params: SamplingParams, on_output=None) -> Sequence:
+        """Validate and queue a request; raises InvalidInput for a bad one."""
+        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
+            raise InvalidInput("input_ids", f"token ids must be in [0, {self.vocab_size})")
+        params = params.resolve(len(prompt_ids), self.config.max_model_len, self.vocab_size)
+        seq = Sequence(list(prompt_ids), params, on_output)
+        self._inbox.put(("add", seq))
+        self._wake.set()
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        self._inbox.put(("abort", seq))
+        self._wake.set()
+
+    # -- the loop thread ----------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or not self._inbox.empty()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                op, seq = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if op == "add":
+                self._by_id[seq.seq_id] = seq
+                self.scheduler.add(seq)
+            elif seq.seq_id in self._by_id:
+                self._finish(seq, "abort")
+                self._emit(seq, [], "abort")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self._by_id.pop(seq.seq_id, None)
+
+    @staticmethod
+    def _emit(seq: Sequence, new: list[int], reason: str | None) -> None:
+        if seq.on_output is not None:
+            seq.on_output(seq, new, reason)
+
+    def step(self) -> list[tuple[Sequence, list[int], str | None]]:
+        self._drain_inbox()
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        if batch.is_prefill:
+            for seq in batch.seqs:
+                self.runner.admit(seq)
+            self.stats.prefill_steps += 1
+            self.stats.prefill_tokens += sum(len(s.prompt_ids) for s in batch.seqs)
+        else:
+            self.stats.decode_steps += 1
+            self.stats.decode_tokens += len(batch.seqs)
+            self.stats.max_decode_batch = max(self.stats.max_decode_batch, len(batch.seqs))
+        tokens = self.runner.run(batch, self.blocks).tolist()
+        outputs = []
+        for seq, tok in zip(batch.seqs, tokens):
+            new, reason = [tok], None
+            if (tok in self.eos_token_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids:
+                new, reason = [], "stop"
+            else:
+                seq.output_ids.append(tok)
+                if len(seq.output_ids) >= seq.params.max_tokens:
+                    reason = "length"
+            if reason is not None:
+                self._finish(seq, reason)
+            outputs.append((seq, new, reason))
+        for seq, new, reason in outputs:
+            self._emit(seq, new, reason)
+        return outputs
+
+    def run_until_done(self) -> None:
+        while self.has_work():
+            self.step()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        """Synchronous helper: run prompts to completion in this thread; returns output ids."""
+        seqs = [self.add(p, params) for p in prompts]
+        self.run_until_done()
+        return [s.output_ids for s in seqs]
+
+
+class EngineThread:
+    """Runs `engine.step()` in a daemon thread whenever there is work."""
+
+    def __init__(self, engine: LLMEngine, on_error=None):
+        self.engine = engine
+        self.on_error = on_error
+        self._stop = False
+        self.thread = threading.Thread(target=self._loop, name="ar-engine", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        eng = self.engine
+        while not self._stop:
+            if not eng.has_work():
+                eng._wake.wait(timeout=0.5)
+                eng._wake.clear()
+                continue
+            try:
+                eng.step()
+            except Exception as exc:  # noqa: BLE001 - fail the running requests, keep serving
+                if self.on_error is not None:
+                    self.on_error(exc)
+                for seq in list(eng.scheduler.running) + list(eng.scheduler.waiting):
+                    eng._finish(seq, "error")
+                    eng._emit(seq, [], "error")
+
+    def stop(self) -> None:
+        self._stop = True
+        self.engine._wake.set()
+        self.thread.join(timeout=10)

@@ -1,0 +1,43 @@
+"""One request's state inside the engine."""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+from python_backends.ar.sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams                  # resolved: max_tokens and seed are set
+    on_output: Callable[["Sequence", list[int], str | None], None] | None = None
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None         # "stop", "length", "abort"
+    block_table: list[int] = field(default_factory=list)
+    state_slot: int = -1                     # recurrent-state slot (hybrid models), -1 = none
+    row: int = -1                            # this sequence's row in the engine's per-slot tables
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_ids) + self.params.max_tokens

@@ -1,0 +1,147 @@
+"""The base class of every step model, the request view it gets, and the step registry.
+
+A step declares its tensors (`inputs`, `outputs`), its typed parameters (`Params`) and whether it
+streams (`decoupled`). The converter reads those declarations to write config.pbtxt; the Triton
+adapter (`triton_model.py`) turns Triton requests into `Request`s and results into responses.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.spec import TensorSpec
+
+STEPS: dict[str, type["Step"]] = {}
+
+
+def register(name: str) -> Callable[[type["Step"]], type["Step"]]:
+    """Register a step class under the name that ensemble YAML files use (`step: <name>`)."""
+
+    def wrap(cls: type[Step]) -> type[Step]:
+        if name in STEPS and STEPS[name] is not cls:
+            raise ValueError(f"step name {name!r} registered twice")
+        cls.step_name = name
+        STEPS[name] = cls
+        return cls
+
+    return wrap
+
+
+@dataclass
+class NoParams:
+    pass
+
+
+@dataclass
+class StepContext:
+    model_name: str
+    params: Any                    # an instance of the step's Params dataclass
+    device: str                    # "cpu" or "cuda:N"
+    base_dir: Path                 # relative paths in parameters resolve against this
+    max_batch_size: int = 0
+    log: Callable[[str], None] = print
+
+    def path(self, value: str) -> Path:
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+
+class Request:
+    """One request's inputs, with the batch dimension removed (one item per request)."""
+
+    def __init__(self, tensors: dict[str, Any], request_id: str = "", cancelled: Callable[[], bool] | None = None):
+        self.tensors = tensors
+        self.request_id = request_id
+        self._cancelled = cancelled
+
+    def is_cancelled(self) -> bool:
+        return bool(self._cancelled and self._cancelled())
+
+    def get(self, name: str):
+        return self.tensors.get(name)
+
+    def string(self, name: str, default: str | None = None) -> str | None:
+        value = self.get(name)
+        if value is None:
+            return default
+        if value.size != 1:
+            raise InvalidInput(name, f"expected one string, got {value.size}")
+        raw = value.reshape(-1)[0]
+        if isinstance(raw, str):
+            return raw
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidInput(name, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+    def json(self, name: str, default: Any = None) -> Any:
+        text = self.string(name)
+        if text is None or not text.strip():
+            return default
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InvalidInput(name, f"not valid JSON: {e.msg} at position {e.pos}") from None
+
+    def scalar(self, name: str, default: Any = None) -> Any:
+        value = self.get(name)
+        if value is None:
+            return default
+        if value.size != 1:
+            raise InvalidInput(name, f"expected one value, got shape {list(value.shape)}")
+        return value.reshape(-1)[0].item()
+
+
+class ResponseSink:
+    """Where a decoupled step sends a request's responses (the adapter wraps Triton's sender)."""
+
+    def send(self, outputs: dict[str, Any], final: bool = False) -> None:
+        raise NotImplementedError
+
+    def error(self, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class Step:
+    """Base of all step models. Subclasses set the class attributes and implement one of
+    `execute` (a batch in, one result or exception per request out) or, when `decoupled`,
+    `submit` (start a request; stream its responses to the sink from any thread)."""
+
+    step_name: ClassVar[str] = ""
+    inputs: ClassVar[tuple[TensorSpec, ...]] = ()
+    outputs: ClassVar[tuple[TensorSpec, ...]] = ()
+    decoupled: ClassVar[bool] = False
+    Params: ClassVar[type] = NoParams
+
+    def __init__(self, ctx: StepContext):
+        self.ctx = ctx
+        self.params = ctx.params
+
+    def execute(self, requests: list[Request]) -> list[dict[str, Any] | BaseException]:
+        raise NotImplementedError
+
+    def submit(self, request: Request, sink: ResponseSink) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        return {f.name: getattr(cls.Params(), f.name) for f in dataclasses.fields(cls.Params)}
+
+
+def string_array(texts: list[str] | str) -> np.ndarray:
+    """A TYPE_STRING output: numpy object array of UTF-8 bytes."""
+    if isinstance(texts, str):
+        texts = [texts]
+    return np.array([t.encode("utf-8") for t in texts], dtype=np.object_)

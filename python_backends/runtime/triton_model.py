@@ -1,0 +1,163 @@
+"""The adapter between Triton's python backend and a `Step`.
+
+A generated `model.py` is two lines: import the step class, `TritonPythonModel = triton_model(Cls)`.
+Everything Triton-specific lives here: config parsing, device placement, reading inputs (numpy for
+CPU tensors, torch via DLPack for GPU tensors), building responses, and turning exceptions into
+per-request Triton errors so that one bad request never fails the others in its batch.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from python_backends.runtime.errors import InvalidInput, to_triton_error
+from python_backends.runtime.params import parse_params
+from python_backends.runtime.step import Request, ResponseSink, Step, StepContext
+
+
+def _to_triton_tensor(pb_utils, name: str, value: Any):
+    if isinstance(value, np.ndarray):
+        return pb_utils.Tensor(name, value)
+    import torch  # only steps that produce torch tensors pay for the import
+
+    if isinstance(value, torch.Tensor):
+        return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(value.contiguous()))
+    raise TypeError(f"output {name!r}: expected numpy array or torch tensor, got {type(value).__name__}")
+
+
+class _TritonSink(ResponseSink):
+    """Sends one request's streamed responses; safe to call from the step's own threads."""
+
+    def __init__(self, adapter: "_Adapter", request):
+        self.adapter = adapter
+        self.sender = request.get_response_sender()
+        self.request = request
+        self.done = False
+        self.lock = threading.Lock()
+
+    def send(self, outputs: dict[str, Any], final: bool = False) -> None:
+        pb = self.adapter.pb_utils
+        with self.lock:
+            if self.done:
+                return
+            self.done = final
+            response = pb.InferenceResponse(output_tensors=self.adapter.output_tensors(outputs))
+            self.sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+    def error(self, exc: BaseException) -> None:
+        pb = self.adapter.pb_utils
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
+            self.sender.send(pb.InferenceResponse(error=to_triton_error(exc, pb)),
+                             flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def is_cancelled(self) -> bool:
+        try:
+            return self.sender.is_cancelled()
+        except Exception:  # noqa: BLE001 - a closed stream counts as cancelled
+            return True
+
+
+class _Adapter:
+    step_cls: type[Step]
+
+    def initialize(self, args: dict[str, str]) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        self.pb_utils = pb_utils
+        config = json.loads(args["model_config"])
+        self.batched = int(config.get("max_batch_size", 0)) > 0
+        raw = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        params = parse_params(self.step_cls.Params, raw)
+        gpu = args.get("model_instance_kind") == "GPU"
+        device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
+        ctx = StepContext(model_name=args["model_name"], params=params, device=device,
+                          base_dir=Path(args["model_repository"]).resolve().parent.parent,
+                          max_batch_size=int(config.get("max_batch_size", 0)),
+                          log=pb_utils.Logger.log_info)
+        self.input_names = [t.name for t in self.step_cls.inputs]
+        self.step = self.step_cls(ctx)
+
+    # -- tensors ------------------------------------------------------------------------------
+    def read_request(self, request) -> Request:
+        pb = self.pb_utils
+        tensors = {}
+        for name in self.input_names:
+            t = pb.get_input_tensor_by_name(request, name)
+            if t is None:
+                continue
+            if t.is_cpu():
+                value = t.as_numpy()
+            else:
+                import torch
+
+                value = torch.utils.dlpack.from_dlpack(t.to_dlpack())
+            if self.batched:
+                if value.shape[0] != 1:
+                    raise InvalidInput(name, f"batch dimension is {value.shape[0]}; send one item per "
+                                             "request (the server batches requests together)")
+                value = value[0]
+            tensors[name] = value
+        return Request(tensors, request.request_id(), request.is_cancelled)
+
+    def output_tensors(self, outputs: dict[str, Any]) -> list:
+        return [_to_triton_tensor(self.pb_utils, name, value[None] if self.batched else value)
+                for name, value in outputs.items()]
+
+    # -- execution ----------------------------------------------------------------------------
+    def execute(self, requests):
+        if self.step_cls.decoupled:
+            for r in requests:
+                sink = _TritonSink(self, r)
+                try:
+                    self.step.submit(self.read_request(r), sink)
+                except Exception as exc:  # noqa: BLE001 - becomes this request's error
+                    self._log_unexpected(exc)
+                    sink.error(exc)
+            return None
+
+        pb = self.pb_utils
+        parsed: list[Request | BaseException] = []
+        for r in requests:
+            try:
+                parsed.append(self.read_request(r))
+            except Exception as exc:  # noqa: BLE001
+                parsed.append(exc)
+        good = [p for p in parsed if isinstance(p, Request)]
+        try:
+            results = iter(self.step.execute(good) if good else [])
+        except Exception as exc:  # noqa: BLE001 - the whole batch failed
+            self._log_unexpected(exc)
+            results = iter([exc] * len(good))
+        responses = []
+        for p in parsed:
+            result = p if isinstance(p, BaseException) else next(results)
+            if isinstance(result, BaseException):
+                self._log_unexpected(result)
+                responses.append(pb.InferenceResponse(error=to_triton_error(result, pb)))
+            else:
+                try:
+                    responses.append(pb.InferenceResponse(output_tensors=self.output_tensors(result)))
+                except Exception as exc:  # noqa: BLE001
+                    self._log_unexpected(exc)
+                    responses.append(pb.InferenceResponse(error=to_triton_error(exc, pb)))
+        return responses
+
+    def _log_unexpected(self, exc: BaseException) -> None:
+        if not isinstance(exc, InvalidInput):
+            self.pb_utils.Logger.log_error("".join(traceback.format_exception(exc)))
+
+    def finalize(self) -> None:
+        self.step.close()
+
+
+def triton_model(step_cls: type[Step]) -> type:
+    """The `TritonPythonModel` class for a step."""
+    return type("TritonPythonModel", (_Adapter,), {"step_cls": step_cls})
