@@ -67,6 +67,7 @@ class EnsembleConfig:
     description: str = ""
     max_batch_size: int = 8
     checkpoint: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)   # given to every step that has them
     outputs: list[str] = field(default_factory=list)
     steps: list[StepConfig] = field(default_factory=list)
     openai: dict[str, Any] = field(default_factory=dict)      # how the OpenAI proxy exposes it
@@ -79,7 +80,8 @@ class EnsembleConfig:
         values = step.cls.default_params()
         if self.checkpoint is not None and "checkpoint" in values:
             values["checkpoint"] = self.checkpoint
-        for k, v in step.parameters.items():
+        shared = {k: v for k, v in self.parameters.items() if k in values}
+        for k, v in {**shared, **step.parameters}.items():
             values[k] = v[target] if isinstance(v, dict) else v
         return {k: format_value(v) for k, v in values.items()}
 
@@ -178,9 +180,13 @@ def load_ensemble(path: str | Path) -> EnsembleConfig:
         description=_expect(path, "description", raw.get("description", ""), str, "a string"),
         max_batch_size=_expect(path, "max_batch_size", raw.get("max_batch_size", 8), int, "an integer"),
         checkpoint=raw.get("checkpoint"),
+        parameters=_expect(path, "parameters", raw.get("parameters", {}) or {}, dict, "a mapping"),
         outputs=_expect(path, "outputs", raw.get("outputs", []), list, "a list of tensor names"),
         steps=[_parse_step(path, i, s) for i, s in enumerate(steps_raw)],
         openai=_expect(path, "openai", raw.get("openai", {}) or {}, dict, "a mapping"))
+    for k in cfg.parameters:
+        if not any(k in field_types(s.cls.Params) for s in cfg.steps):
+            raise ConfigError(path, f"parameters.{k}", "no step has such a parameter")
     keys = [s.key for s in cfg.steps]
     if len(set(keys)) != len(keys):
         raise ConfigError(path, "steps", f"step keys must be unique, got {keys}")
@@ -198,6 +204,9 @@ def apply_override(cfg: EnsembleConfig, dotted: str, value: str) -> None:
     if len(parts) == 1 and parts[0] == "max_batch_size":
         cfg.max_batch_size = int(value)
         return
+    if len(parts) == 1 and any(parts[0] in field_types(s.cls.Params) for s in cfg.steps):
+        cfg.parameters[parts[0]] = yaml.safe_load(value)
+        return
     if len(parts) == 2:
         step = next((s for s in cfg.steps if s.key == parts[0]), None)
         if step is None:
@@ -208,4 +217,5 @@ def apply_override(cfg: EnsembleConfig, dotted: str, value: str) -> None:
         step.parameters[parts[1]] = yaml.safe_load(value)
         _check_parameters(cfg.source, f"steps.{step.key}", step)
         return
-    raise ConfigError(cfg.source, dotted, "override keys are <step>.<parameter>, <step>.count, <step>.kind or max_batch_size")
+    raise ConfigError(cfg.source, dotted, "override keys are <step>.<parameter>, <step>.count, <step>.kind, "
+                                          "a shared <parameter> or max_batch_size")

@@ -114,11 +114,18 @@ class TritonServer:
                f"--metrics-port={self.metrics_port}", "--exit-timeout-secs=15"]
         if self.models is not None:
             cmd.append("--model-control-mode=explicit")
-            cmd += [f"--load-model={m}" for m in self.models]
+            cmd += [f"--load-model={m}" for m in self.with_dependencies(self.models)]
         if not has_gpu():
             # No GPU: skip the CUDA pinned pool and GPU metrics (only noise in the log on a CPU machine).
             cmd += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
         return cmd + self.extra_args
+
+    def with_dependencies(self, models: list[str]) -> list[str]:
+        """A streaming model's front calls its ensemble through BLS, which Triton cannot see:
+        load `<name>_ensemble` alongside `<name>` when the repository has one."""
+        repo = Path(self.model_repository)
+        extra = [f"{m}_ensemble" for m in models if (repo / f"{m}_ensemble").is_dir()]
+        return list(dict.fromkeys([*models, *extra]))
 
     def start(self, timeout: float = 300.0) -> "TritonServer":
         install = find_install()

@@ -1,6 +1,7 @@
 """Pick and load the engine's model class for a Hugging Face checkpoint folder."""
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import torch
@@ -9,11 +10,12 @@ from torch import nn
 from python_backends.models.loader import load_weights
 
 
-def _classes() -> dict[str, type[nn.Module]]:
-    from python_backends.models.qwen3 import Qwen3ForCausalLM
-    from python_backends.models.qwen3_5 import Qwen3_5ForCausalLM
-
-    return {"qwen3": Qwen3ForCausalLM, "qwen3_5": Qwen3_5ForCausalLM, "qwen3_5_text": Qwen3_5ForCausalLM}
+# model_type -> (module, class); imported only when a checkpoint of that type is loaded
+MODELS = {
+    "qwen3": ("python_backends.models.qwen3", "Qwen3ForCausalLM"),
+    "qwen3_5": ("python_backends.models.qwen3_5", "Qwen3_5ForCausalLM"),
+    "qwen3_5_text": ("python_backends.models.qwen3_5", "Qwen3_5ForCausalLM"),
+}
 
 
 def text_config(folder: str | Path):
@@ -26,10 +28,10 @@ def text_config(folder: str | Path):
 
 def load_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.dtype) -> nn.Module:
     config, model_type = text_config(folder)
-    classes = _classes()
-    if model_type not in classes:
-        raise ValueError(f"{folder}: model_type {model_type!r} is not supported; supported: {sorted(classes)}")
+    if model_type not in MODELS:
+        raise ValueError(f"{folder}: model_type {model_type!r} is not supported; supported: {sorted(MODELS)}")
+    module, name = MODELS[model_type]
     with torch.device(device):
-        model = classes[model_type](config)
+        model = getattr(importlib.import_module(module), name)(config)
     load_weights(model, folder)
     return model.to(dtype=dtype).eval()

@@ -18,14 +18,13 @@ class Unsupported(Exception):
     """The request asks for something this model cannot do."""
 
 
-def triton_error_code(exc: BaseException, pb_utils) -> int:
-    if isinstance(exc, InvalidInput):
-        return pb_utils.TritonError.INVALID_ARG
-    if isinstance(exc, Unsupported):
-        return pb_utils.TritonError.UNSUPPORTED
-    return pb_utils.TritonError.INTERNAL
+class Cancelled(Exception):
+    """The client cancelled the request (or its stream went away)."""
 
 
 def to_triton_error(exc: BaseException, pb_utils):
-    msg = str(exc) if isinstance(exc, (InvalidInput, Unsupported)) else f"{type(exc).__name__}: {exc}"
-    return pb_utils.TritonError(msg, triton_error_code(exc, pb_utils))
+    codes = {InvalidInput: pb_utils.TritonError.INVALID_ARG, Unsupported: pb_utils.TritonError.UNSUPPORTED,
+             Cancelled: pb_utils.TritonError.CANCELLED}
+    code = next((c for cls, c in codes.items() if isinstance(exc, cls)), pb_utils.TritonError.INTERNAL)
+    msg = str(exc) if code != pb_utils.TritonError.INTERNAL else f"{type(exc).__name__}: {exc}"
+    return pb_utils.TritonError(msg, code)

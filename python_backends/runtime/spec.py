@@ -22,6 +22,7 @@ class TensorSpec:
     dims: tuple[int, ...] = (1,)
     optional: bool = False     # inputs only: the request may leave it out
     ragged: bool = False       # inputs only: requests of different lengths may share a batch
+    control: bool = False      # inputs only: sent to the step directly, never wired in the ensemble
 
     def __post_init__(self) -> None:
         if self.dtype not in TRITON_DTYPES:

@@ -51,6 +51,14 @@ class StepContext:
         p = Path(value).expanduser()
         return p if p.is_absolute() else (self.base_dir / p).resolve()
 
+    def checkpoint(self, value: str) -> Path:
+        """A checkpoint folder from a parameter; a clear error if it is not there."""
+        p = self.path(value)
+        if not value or not (p / "config.json").exists() and not (p / "tokenizer_config.json").exists():
+            raise FileNotFoundError(f"{self.model_name}: checkpoint folder {str(p)!r} (parameter 'checkpoint') "
+                                    "has no config.json; build it or pass --checkpoint NAME=DIR to the converter")
+        return p
+
 
 class Request:
     """One request's inputs, with the batch dimension removed (one item per request)."""

@@ -1,0 +1,479 @@
+"""Triton kernels for the decode engine's hot operations.
+
+Each kernel comes with a plain Python wrapper whose signature is the one `kernels.dispatch` calls;
+`kernels.reference` defines what each must compute, and tests/test_kernels.py checks them against it.
+They are written for the GPU (H200) and also run on the CPU under the Triton interpreter
+(TRITON_INTERPRET=1, set before `import triton`), which is how the tests run without a GPU.
+
+    rms_norm                 (x [+ residual]) -> norm, fused add + norm, one row per program
+    rotary                   rotate-half RoPE on q and k in one launch (partial rotary allowed)
+    silu_and_mul             silu(gate) * up for a fused gate/up projection
+    store_kv                 scatter new k/v into the paged caches (slot -1 is skipped)
+    paged_decode_attention   one query token per sequence over its paged context, GQA-grouped and
+                             split across programs (flash-decoding) with a fixed number of splits
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _rows3(x: torch.Tensor) -> torch.Tensor:
+    """View x [..., D] as [n0, n1, D] with a unit last stride, copying only when a view is impossible.
+
+    Three dims cover the common strided inputs without a copy: [T, D] rows, and [T, H, D] heads cut
+    out of a fused projection (e.g. `qkv.split(...)[0].view(T, H, D)`)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if x.dim() == 1:
+        return x.view(1, 1, -1)
+    if x.dim() == 2:
+        return x.unsqueeze(1)
+    if x.dim() > 3:
+        return x.reshape(-1, *x.shape[-2:])
+    return x
+
+
+# --------------------------------------------------------------------------------------------------
+# RMSNorm (optionally fused with the residual add)
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, y_ptr, s_ptr,
+    n_rows, n1, stride_x0, stride_x1, stride_r0, stride_r1,
+    D, eps,
+    HAS_RESIDUAL: tl.constexpr, ZERO_CENTERED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # BLOCK_M rows a program (several for short rows such as per-head norms, one for hidden states)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    i, j = rows // n1, rows % n1                          # row -> (outer, inner) index of the [n0, n1, D] view
+    offs = tl.arange(0, BLOCK_D)
+    mask = (rows < n_rows)[:, None] & (offs < D)[None, :]
+    out_offs = rows[:, None] * D + offs[None, :]          # outputs are contiguous
+
+    x = tl.load(x_ptr + (i * stride_x0 + j * stride_x1)[:, None] + offs[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        # s = x + residual, rounded to x's dtype; it is both the new residual and the norm's input
+        r = tl.load(res_ptr + (i * stride_r0 + j * stride_r1)[:, None] + offs[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(s_ptr + out_offs, x, mask=mask)
+
+    h = x.to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, axis=1) / D + eps)[:, None]
+    w = tl.load(w_ptr + offs, mask=offs < D, other=0.0).to(tl.float32)[None, :]
+    if ZERO_CENTERED:
+        y = h * (1.0 + w)                                # (h * (1 + w.float())).to(x.dtype)
+    else:
+        y = w * h.to(x.dtype).to(tl.float32)             # weight * h.to(x.dtype), in the promoted dtype
+    tl.store(y_ptr + out_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             zero_centered: bool = False):
+    """norm(x [+ residual]) over the last dim; returns (y, x + residual) when a residual is given."""
+    D = x.shape[-1]
+    assert x.dtype in _FLOATS and weight.shape == (D,), (x.dtype, weight.shape, D)
+    assert weight.device == x.device
+    weight = weight.contiguous()
+    # the reference multiplies `weight * h.to(x.dtype)`, so the output takes the promoted dtype
+    out_dtype = x.dtype if zero_centered else torch.promote_types(weight.dtype, x.dtype)
+    x3 = _rows3(x)
+    n0, n1 = x3.shape[0], x3.shape[1]
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    if residual is not None:
+        assert residual.shape == x.shape and residual.dtype == x.dtype, (residual.shape, residual.dtype)
+        r3 = _rows3(residual)
+        s = torch.empty_like(x, memory_format=torch.contiguous_format)
+    else:
+        r3, s = x3, y                                     # unused (HAS_RESIDUAL=False)
+    if x.numel() == 0:
+        return y if residual is None else (y, s)
+
+    n_rows = n0 * n1
+    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_M = min(triton.next_power_of_2(n_rows), max(1, 2048 // BLOCK_D))   # ~2K elements a program
+    num_warps = min(max(BLOCK_M * BLOCK_D // 512, 1), 16)                    # ~16 a thread; 8 warps at D=4096
+    _rms_norm_kernel[(triton.cdiv(n_rows, BLOCK_M),)](
+        x3, r3, weight, y, s,
+        n_rows, n1, x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
+        D, eps,
+        HAS_RESIDUAL=residual is not None, ZERO_CENTERED=zero_centered, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+        num_warps=num_warps,
+    )
+    return y if residual is None else (y, s)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rotary embedding (rotate-half, first 2 * HALF dims of each head)
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
+    Hq, Hk, D, HALF,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr, HAS_REST: tl.constexpr,
+):
+    # program (t, j): token t, heads j*BLOCK_H ... of the q heads followed by the k heads
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    is_q = heads < Hq
+    is_k = (heads >= Hq) & (heads < Hq + Hk)
+    hk = heads - Hq                                       # k head index (meaningful where is_k)
+
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs = tl.arange(0, BLOCK_HALF)
+    dmask = offs < HALF
+    c = tl.load(cos_ptr + pos * stride_cos + offs, mask=dmask, other=0.0)[None, :]
+    s = tl.load(sin_ptr + pos * stride_sin + offs, mask=dmask, other=0.0)[None, :]
+
+    q_in = q_ptr + t * stride_qt + heads[:, None] * stride_qh
+    k_in = k_ptr + t * stride_kt + hk[:, None] * stride_kh
+    q_out = qo_ptr + t * Hq * D + heads[:, None] * D      # outputs are contiguous [T, H, D]
+    k_out = ko_ptr + t * Hk * D + hk[:, None] * D
+    mq = is_q[:, None] & dmask[None, :]
+    mk = is_k[:, None] & dmask[None, :]
+
+    # each row is a q head or a k head: load from whichever it is (the other load is masked off)
+    x1 = tl.where(mq, tl.load(q_in + offs[None, :], mask=mq, other=0.0),
+                  tl.load(k_in + offs[None, :], mask=mk, other=0.0))
+    x2 = tl.where(mq, tl.load(q_in + HALF + offs[None, :], mask=mq, other=0.0),
+                  tl.load(k_in + HALF + offs[None, :], mask=mk, other=0.0))
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    o1 = (x1f * c - x2f * s).to(x1.dtype)
+    o2 = (x2f * c + x1f * s).to(x1.dtype)
+    tl.store(q_out + offs[None, :], o1, mask=mq)
+    tl.store(q_out + HALF + offs[None, :], o2, mask=mq)
+    tl.store(k_out + offs[None, :], o1, mask=mk)
+    tl.store(k_out + HALF + offs[None, :], o2, mask=mk)
+
+    if HAS_REST:
+        # partial rotary: dims 2*HALF .. D pass through unchanged
+        offs_r = 2 * HALF + tl.arange(0, BLOCK_REST)
+        rmask = offs_r < D
+        mqr = is_q[:, None] & rmask[None, :]
+        mkr = is_k[:, None] & rmask[None, :]
+        rest = tl.where(mqr, tl.load(q_in + offs_r[None, :], mask=mqr, other=0.0),
+                        tl.load(k_in + offs_r[None, :], mask=mkr, other=0.0))
+        tl.store(q_out + offs_r[None, :], rest, mask=mqr)
+        tl.store(k_out + offs_r[None, :], rest, mask=mkr)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor):
+    """q [T, Hq, D], k [T, Hk, D] (strided views are fine), cos/sin fp32 [max_pos, R/2], positions [T]
+    -> new contiguous (q, k) with the first R dims of every head rotated."""
+    T, Hq, D = q.shape
+    Hk = k.shape[1]
+    half = cos.shape[-1]
+    assert k.shape == (T, Hk, D) and k.dtype == q.dtype and q.dtype in _FLOATS, (q.shape, k.shape, k.dtype)
+    assert cos.shape == sin.shape and cos.dim() == 2 and 2 * half <= D, (cos.shape, sin.shape, D)
+    assert cos.dtype == torch.float32 and sin.dtype == torch.float32
+    assert positions.shape == (T,) and not positions.is_floating_point()
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if cos.stride(-1) != 1:
+        cos = cos.contiguous()
+    if sin.stride(-1) != 1:
+        sin = sin.contiguous()
+    positions = positions.contiguous()
+    q_out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((T, Hk, D), dtype=k.dtype, device=k.device)
+    if T == 0:
+        return q_out, k_out
+
+    BLOCK_HALF = triton.next_power_of_2(half)
+    BLOCK_REST = triton.next_power_of_2(max(D - 2 * half, 1))
+    # several heads a program (~2K elements), q heads then k heads along grid dim 1
+    BLOCK_H = min(triton.next_power_of_2(Hq + Hk), max(1, 2048 // (2 * BLOCK_HALF)))
+    grid = (T, triton.cdiv(Hq + Hk, BLOCK_H))
+    _rotary_kernel[grid](
+        q, k, q_out, k_out, cos, sin, positions,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
+        Hq, Hk, D, half,
+        BLOCK_H=BLOCK_H, BLOCK_HALF=BLOCK_HALF, BLOCK_REST=BLOCK_REST, HAS_REST=2 * half < D,
+        num_warps=4,
+    )
+    return q_out, k_out
+
+
+# --------------------------------------------------------------------------------------------------
+# SiLU-and-mul (gated MLP activation)
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, y_ptr, stride_x, I, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < I
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)       # F.silu rounds to the input dtype ...
+    y = act.to(tl.float32) * up.to(tl.float32)           # ... then the product is rounded again
+    tl.store(y_ptr + row * I + offs, y.to(gate.dtype), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [..., 2I] -> silu(x[..., :I]) * x[..., I:]  ([..., I], x's dtype)."""
+    assert x.dtype in _FLOATS and x.shape[-1] % 2 == 0, (x.dtype, x.shape)
+    I = x.shape[-1] // 2
+    x2 = x.reshape(-1, 2 * I)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty((*x.shape[:-1], I), dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    BLOCK = min(triton.next_power_of_2(I), 1024)
+    _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(I, BLOCK))](x2, y, x2.stride(0), I, BLOCK=BLOCK, num_warps=4)
+    return y
+
+
+# --------------------------------------------------------------------------------------------------
+# KV-cache write
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    H, D, block_size,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    keep = slot >= 0                                      # -1: padding token, write nothing
+    slot = tl.maximum(slot, 0)
+    block, offset = slot // block_size, slot % block_size
+    mask = keep & (heads[:, None] < H) & (d[None, :] < D)
+
+    k = tl.load(k_ptr + t * stride_kt + heads[:, None] * stride_kh + d[None, :], mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + heads[:, None] * stride_vh + d[None, :], mask=mask)
+    tl.store(kc_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + d[None, :], k, mask=mask)
+    tl.store(vc_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + d[None, :], v, mask=mask)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write k, v [T, H, D] into the caches [num_blocks, block_size, H, D] at slot_mapping [T] (in place)."""
+    T, H, D = k.shape
+    assert v.shape == k.shape and k_cache.shape == v_cache.shape, (k.shape, v.shape, k_cache.shape, v_cache.shape)
+    assert k_cache.dim() == 4 and k_cache.shape[2:] == (H, D), (k_cache.shape, H, D)
+    assert k.dtype == v.dtype == k_cache.dtype == v_cache.dtype, (k.dtype, v.dtype, k_cache.dtype, v_cache.dtype)
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "cache head_dim must be contiguous"
+    assert slot_mapping.shape == (T,) and not slot_mapping.is_floating_point()
+    if T == 0:
+        return
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    slot_mapping = slot_mapping.contiguous()
+    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_H = min(triton.next_power_of_2(H), max(1, 4096 // BLOCK_D))
+    _store_kv_kernel[(T, triton.cdiv(H, BLOCK_H))](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        H, D, k_cache.shape[1],
+        BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Paged decode attention (flash-decoding)
+# --------------------------------------------------------------------------------------------------
+#
+# Program (b, kv head, split): the GROUP query heads that share this kv head, against this split's
+# share of sequence b's context. K/V are read once per group; the group's query rows are padded to
+# at least 16 so that both products run on tensor cores. The context is split NUM_SPLITS ways, in
+# whole tiles of BLOCK_N tokens, from the sequence's own context_lens[b] (no host-side max length, so
+# the launch is CUDA-graph safe); splits past the end do nothing. With one split the program writes
+# the output directly; otherwise each split writes its normalised partial output and log-sum-exp and
+# a second kernel combines them.
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    qk_scale,                                             # softmax scale * log2(e): we use exp2
+    stride_qb, stride_qh, stride_ob, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    Hq, D,
+    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    ctx_len = tl.load(context_lens_ptr + b)
+    # whole tiles, at least MIN_SPLIT_TILES of them: a short context uses fewer splits, not tinier ones
+    tokens_per_split = tl.maximum(tl.cdiv(tl.cdiv(ctx_len, NUM_SPLITS), BLOCK_N), MIN_SPLIT_TILES) * BLOCK_N
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, ctx_len)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + g                               # the query heads of this kv group
+    gmask = g < GROUP
+    dmask = d < D
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)   # running max (log2 units)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)                  # running softmax denominator
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    block_row = block_tables_ptr + b * stride_bt
+    k_head = k_cache_ptr + kvh * stride_kh
+    v_head = v_cache_ptr + kvh * stride_vh
+
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < end
+        # token n lives in block block_tables[b, n // BLOCK_SIZE], row n % BLOCK_SIZE
+        block = tl.load(block_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+        row = n % BLOCK_SIZE
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(k_head + block[:, None] * stride_kb + row[:, None] * stride_ks + d[None, :],
+                    mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # [BLOCK_G, BLOCK_N]
+        s = tl.where(nmask[None, :], s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_head + block[:, None] * stride_vb + row[:, None] * stride_vs + d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has_tokens = l_i > 0.0                                # false for an empty split (or context)
+    o = acc / tl.where(has_tokens, l_i, 1.0)[:, None]     # zeros where empty, never NaN
+    out_mask = gmask[:, None] & dmask[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # partials: o [B, Hq, NUM_SPLITS, D], lse [B, Hq, NUM_SPLITS], fp32, contiguous
+        part_row = (b * Hq + heads) * NUM_SPLITS + split
+        lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part_row, lse, mask=gmask)
+        tl.store(part_o_ptr + part_row[:, None] * D + d[None, :], o, mask=out_mask)
+
+
+@triton.jit
+def _paged_decode_reduce_kernel(
+    part_o_ptr, part_lse_ptr, out_ptr,
+    stride_ob, stride_oh, Hq, D,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    part_row = (b * Hq + h) * NUM_SPLITS
+    sp = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    smask = sp < NUM_SPLITS
+    lse = tl.load(part_lse_ptr + part_row + sp, mask=smask, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)              # all splits empty: weights 0, output 0
+    w = tl.exp2(lse - m)                                  # 0 for empty splits
+    o = tl.load(part_o_ptr + (part_row + sp[:, None]) * D + d[None, :],
+                mask=smask[:, None] & (d[None, :] < D), other=0.0)
+    total = tl.sum(w, axis=0)
+    out = tl.sum(o * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4                                              # interpreter: small, so the tests split
+
+
+MAX_SPLITS = 32
+MIN_TOKENS_PER_SPLIT = 256     # of block-table capacity, for the shape-derived split count
+MIN_SPLIT_TILES = 1            # of a sequence's actual context, in the kernel
+
+
+def decode_num_splits(batch: int, num_kv_heads: int, max_blocks: int, block_size: int, device: torch.device) -> int:
+    """How many ways to split each context: enough programs for ~2 waves on the GPU, from shapes alone
+    (batch, kv heads, block-table width), so the value is fixed for a captured CUDA graph. A split
+    shorter than MIN_TOKENS_PER_SPLIT of table capacity is not worth its reduce."""
+    want = triton.cdiv(2 * _num_sms(device), batch * num_kv_heads)
+    by_capacity = triton.cdiv(max_blocks * block_size, MIN_TOKENS_PER_SPLIT)
+    return max(1, min(want, by_capacity, MAX_SPLITS))
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           num_splits: int | None = None) -> torch.Tensor:
+    """q [B, Hq, D] (one token per sequence), caches [num_blocks, block_size, Hk, D],
+    block_tables int32 [B, max_blocks], context_lens int32 [B] -> [B, Hq, D] in q's dtype.
+
+    `num_splits` overrides the shape-derived split count (tests, tuning)."""
+    B, Hq, D = q.shape
+    num_blocks, block_size, Hk, Dk = k_cache.shape
+    assert v_cache.shape == k_cache.shape and Dk == D, (q.shape, k_cache.shape, v_cache.shape)
+    assert Hq % Hk == 0, (Hq, Hk)
+    assert q.dtype in _FLOATS and k_cache.dtype == v_cache.dtype == q.dtype, (q.dtype, k_cache.dtype, v_cache.dtype)
+    assert block_tables.dim() == 2 and block_tables.shape[0] == B and not block_tables.is_floating_point()
+    assert context_lens.shape == (B,) and not context_lens.is_floating_point()
+    assert D <= 256, D
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "cache head_dim must be contiguous"
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    context_lens = context_lens.contiguous()
+
+    out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
+    if B == 0:
+        return out
+    group = Hq // Hk
+    if num_splits is None:
+        num_splits = decode_num_splits(B, Hk, block_tables.shape[1], block_size, q.device)
+    BLOCK_D = max(triton.next_power_of_2(D), 16)
+    BLOCK_G = max(triton.next_power_of_2(group), 16)     # tl.dot needs >= 16 rows
+    BLOCK_N = 64 if BLOCK_D <= 128 else 32                # tokens a tile: K and V tiles of 16 KB (bf16)
+    if num_splits > 1:
+        part_o = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out                           # unused
+    _paged_decode_kernel[(B, Hk, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens,
+        out, part_o, part_lse,
+        scale * 1.4426950408889634,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        Hq, D,
+        GROUP=group, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits, MIN_SPLIT_TILES=MIN_SPLIT_TILES,
+        BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4, num_stages=2,
+    )
+    if num_splits > 1:
+        _paged_decode_reduce_kernel[(B, Hq)](
+            part_o, part_lse, out,
+            out.stride(0), out.stride(1), Hq, D,
+            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=BLOCK_D,
+            num_warps=4,
+        )
+    return out

@@ -1,0 +1,247 @@
+"""The decoupled AR step: token ids in, token ids streamed out, decoded by the engine in-process.
+
+Three threads: Triton's, which only validates and queues (`submit`); the engine loop, which runs
+the model step after step; and a delivery thread, which turns engine outputs into responses (UTF-8
+and stop-string hold-back, stop strings, cancellation checks), so that sending responses never
+slows the model down.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from python_backends.ar.config import EngineConfig
+from python_backends.ar.engine import EngineThread, LLMEngine
+from python_backends.ar.sampling import SamplingParams
+from python_backends.ar.sequence import Sequence
+from python_backends.models.registry import load_causal_lm, text_config
+from python_backends.runtime.errors import Cancelled, InvalidInput
+from python_backends.runtime.front import ABORT_INPUT
+from python_backends.runtime.metrics import Gauge
+from python_backends.runtime.spec import TensorSpec
+from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
+from python_backends.text.stream import TokenStream
+from python_backends.text.tokenizer import load_tokenizer, token_byte_table
+
+CONTEXT_TOKENS = 4          # already-sent tokens repeated in each response for the detokenizer
+CANCEL_CHECK_S = 0.1
+ABORT_MEMORY_S = 60.0
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ARParams:
+    checkpoint: str = ""
+    dtype: str = "float32"
+    max_num_seqs: int = 16
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    num_kv_blocks: int = 0
+    gpu_memory_utilization: float = 0.85
+    cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    enforce_eager: bool = False
+    use_triton_kernels: bool = True
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(self.max_num_seqs, self.max_model_len, self.max_num_batched_tokens, self.block_size,
+                            self.num_kv_blocks, self.gpu_memory_utilization, list(self.cuda_graph_batch_sizes),
+                            self.enforce_eager, self.use_triton_kernels)
+
+
+@dataclass(eq=False)
+class _Reply:
+    """A request's delivery state (touched only by the delivery thread after submit)."""
+    sink: ResponseSink
+    tokens: TokenStream
+    streaming: bool
+    prompt_len: int
+    seq: Sequence | None = None
+    context: list[int] = field(default_factory=list)
+    unsent: list[int] = field(default_factory=list)      # non-streaming: everything, sent at the end
+    n_released: int = 0
+    done: bool = False
+    request_id: str = ""
+
+
+def eos_token_ids(folder, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    config, _ = text_config(folder)
+    for source in (getattr(config, "eos_token_id", None), tokenizer.eos_token_id):
+        ids.update(source if isinstance(source, list) else [source] if source is not None else [])
+    gen = folder / "generation_config.json"
+    if gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return sorted(ids)
+
+
+def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, object]:
+    """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks)."""
+    if params.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {params.dtype!r}")
+    tokenizer = load_tokenizer(folder)
+    model = load_causal_lm(folder, device, DTYPES[params.dtype])
+    if torch.device(device).type == "cuda" and params.use_triton_kernels:
+        from kernels import dispatch
+
+        dispatch.enable(True)
+    vocab = model.config.vocab_size
+    engine = LLMEngine(model, params.engine_config(), device, DTYPES[params.dtype],
+                       eos_token_ids(folder, tokenizer), vocab)
+    return engine, tokenizer
+
+
+@register("ar_decode")
+class ARDecode(Step):
+    decoupled = True
+    inputs = (
+        TensorSpec("input_ids", "TYPE_INT32", (-1,), optional=True),
+        TensorSpec("sampling", "TYPE_STRING", (1,), optional=True),
+        TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
+        TensorSpec(ABORT_INPUT, "TYPE_STRING", (1,), optional=True, control=True),
+    )
+    outputs = (
+        TensorSpec("token_ids", "TYPE_INT32", (-1,)),
+        TensorSpec("num_context", "TYPE_INT32", (1,)),
+        TensorSpec("stop_text", "TYPE_STRING", (1,)),
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        TensorSpec("prompt_tokens", "TYPE_INT32", (1,)),
+        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),
+    )
+    Params = ARParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        folder = ctx.checkpoint(self.params.checkpoint)
+        self.engine, tokenizer = build_engine(folder, self.params, ctx.device)
+        self.token_bytes = token_byte_table(tokenizer)
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.live: set[_Reply] = set()
+        self.live_lock = threading.Lock()
+        self.aborted: dict[str, float] = {}      # request id -> when its abort arrived early
+        self.metrics = {k: Gauge(f"triton_omni_ar_{k}", d, ctx.model_name) for k, d in (
+            ("decode_steps", "decode steps run"), ("decode_tokens", "tokens decoded (sum of decode batch sizes)"),
+            ("prefill_tokens", "prompt tokens prefilled"), ("max_decode_batch", "largest decode batch seen"))}
+        self._stop = False
+        self.loop = EngineThread(self.engine, on_error=lambda e: ctx.log(f"engine step failed: {e!r}"))
+        self.delivery = threading.Thread(target=self._deliver_loop, name="ar-delivery", daemon=True)
+        self.delivery.start()
+
+    # -- Triton's thread ----------------------------------------------------------------------
+    def submit(self, request: Request, sink: ResponseSink) -> None:
+        abort_id = request.string(ABORT_INPUT)
+        if abort_id is not None:
+            self._abort(abort_id)
+            sink.send({}, final=True)
+            return
+        ids = request.get("input_ids")
+        if ids is None or ids.ndim != 1:
+            raise InvalidInput("input_ids", "expected a 1-D list of token ids")
+        params = SamplingParams.from_dict(request.json("sampling"))
+        streaming = bool(request.scalar("stream", False))
+        reply = _Reply(sink, TokenStream(self.token_bytes, params.stop), streaming, int(ids.shape[0]))
+        reply.seq = self.engine.add(ids.tolist(), params,
+                                    on_output=lambda seq, new, reason: self.outbox.put((reply, new, reason)))
+        reply.request_id = request.request_id
+        with self.live_lock:
+            if reply.request_id and self.aborted.pop(reply.request_id, None) is not None:
+                reply.done = True
+                self.engine.abort(reply.seq)
+                raise Cancelled("request cancelled")
+            if not reply.done:
+                self.live.add(reply)     # polled for cancellation until it finishes
+
+    # -- the delivery thread ------------------------------------------------------------------
+    def _deliver_loop(self) -> None:
+        last_check = time.monotonic()
+        while not self._stop:
+            try:
+                reply, new, reason = self.outbox.get(timeout=CANCEL_CHECK_S)
+                if not reply.done:
+                    self._deliver(reply, new, reason)
+            except queue.Empty:
+                pass
+            except Exception as exc:  # noqa: BLE001 - one broken reply must not stop delivery
+                self.ctx.log(f"delivery failed: {exc!r}")
+            if time.monotonic() - last_check >= CANCEL_CHECK_S:
+                last_check = time.monotonic()
+                self._check_cancelled()
+                self._publish_metrics()
+
+    def _deliver(self, reply: _Reply, new: list[int], reason: str | None) -> None:
+        released, stop_hit = reply.tokens.push(new)
+        if stop_hit is not None:
+            self.engine.abort(reply.seq)
+            reason = "stop"
+        elif reason == "error":
+            self._close(reply)
+            reply.sink.error(RuntimeError("the decode engine failed; see the server log"))
+            return
+        elif reason is not None:
+            released += reply.tokens.flush()
+        reply.n_released += len(released)
+        if not reply.streaming:
+            reply.unsent += released
+            if reason is not None:
+                self._send(reply, [], reply.unsent, stop_hit, reason)
+        elif released or reason is not None:
+            self._send(reply, reply.context, released, stop_hit, reason)
+            reply.context = (reply.context + released)[-CONTEXT_TOKENS:]
+        if reason is not None:
+            self._close(reply)
+
+    def _send(self, reply: _Reply, context: list[int], new: list[int], stop: str | None, reason: str | None) -> None:
+        reply.sink.send({
+            "token_ids": np.asarray(context + new, dtype=np.int32),
+            "num_context": np.asarray([len(context)], dtype=np.int32),
+            "stop_text": string_array(stop or ""),
+            "finish_reason": string_array(reason or ""),
+            "prompt_tokens": np.asarray([reply.prompt_len], dtype=np.int32),
+            "completion_tokens": np.asarray([reply.n_released], dtype=np.int32),
+        }, final=reason is not None)
+
+    def _close(self, reply: _Reply) -> None:
+        with self.live_lock:
+            reply.done = True
+            self.live.discard(reply)
+
+    def _cancel(self, reply: _Reply) -> None:
+        self._close(reply)
+        self.engine.abort(reply.seq)
+        reply.sink.error(Cancelled("request cancelled"))
+
+    def _check_cancelled(self) -> None:
+        with self.live_lock:
+            live = list(self.live)
+        for reply in live:
+            if not reply.done and reply.sink.is_cancelled():
+                self._cancel(reply)
+
+    def _abort(self, request_id: str) -> None:
+        """An abort sent by the model's front: the client of `request_id` cancelled. The request
+        may not have reached this step yet (still in pre): remember the id for a while."""
+        now = time.monotonic()
+        with self.live_lock:
+            match = [r for r in self.live if r.request_id == request_id and not r.done]
+            self.aborted = {k: t for k, t in self.aborted.items() if now - t < ABORT_MEMORY_S}
+            if not match:
+                self.aborted[request_id] = now
+        for reply in match:
+            self._cancel(reply)
+
+    def _publish_metrics(self) -> None:
+        s = self.engine.stats
+        for key, gauge in self.metrics.items():
+            gauge.set(getattr(s, key))
+
+    def close(self) -> None:
+        self._stop = True
+        self.loop.stop()
+        self.delivery.join(timeout=5)

@@ -1,0 +1,255 @@
+"""Qwen3.5 text decoder for the AR engine; parameter names match `Qwen3_5ForCausalLM` checkpoints
+(and the language model inside `Qwen3_5ForConditionalGeneration` ones).
+
+A hybrid: `config.layer_types` makes each layer either
+- "linear_attention": Gated DeltaNet. A short causal depthwise conv over [q|k|v], then the gated
+  delta rule, whose per-sequence state S [value_heads, key_dim, value_dim] replaces a KV cache:
+      S_t = a_t S_{t-1} + k_t u_t^T,   u_t = beta_t (v_t - a_t S_{t-1}^T k_t),   o_t = S_t^T q_t
+  with decay a_t = exp(g_t). Prefill runs it chunk-parallel, decode one step for all sequences.
+- "full_attention": softmax attention over the paged KV cache whose output is gated by
+  sigmoid(gate) (q_proj yields query and gate), with q/k RMSNorm and partial rotary (the first
+  `partial_rotary_factor` of each head). Its mrope reduces to plain 1-D rope for text: all three
+  position components are the token's position, so every frequency sees that same position.
+All RMSNorms but the DeltaNet output norm are zero-centred (scale by 1 + weight).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from python_backends.models.attention import PagedAttention
+from python_backends.models.context import ForwardContext, RecurrentStateSpec
+from python_backends.models.layers import GatedMLP, MergedLinear, RMSNorm, RotaryEmbedding, rope_inv_freq
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, state, chunk_size: int = 64):
+    """The delta rule over one whole sequence, `chunk_size` tokens at a time (all fp32).
+
+    q, k: [H, L, dk]; v: [H, L, dv]; g (log decay), beta: [H, L]; state: [H, dk, dv], the state
+    before the first token. Returns (outputs [H, L, dv], state after the last token).
+
+    Within a chunk, with G_t = g_1 + ... + g_t (so Gamma_t = exp(G_t) is the decay since the chunk
+    start) and S the state before the chunk, the recurrence unrolls to
+        (I + A) U = beta V - beta Gamma K S,   A[t, s] = beta_t (k_t . k_s) Gamma_t / Gamma_s  (s < t)
+        O = (Gamma Q) S + (Q K^T * D) U,      D[t, s] = Gamma_t / Gamma_s                     (s <= t)
+        S' = Gamma_n S + (K * Gamma_n / Gamma)^T U
+    so each chunk costs a few matmuls and one unit-lower-triangular solve instead of n steps.
+    """
+    length = q.shape[1]
+    out = torch.empty_like(v)
+    for start in range(0, length, chunk_size):
+        end = min(start + chunk_size, length)
+        qc, kc, vc, bc = q[:, start:end], k[:, start:end], v[:, start:end], beta[:, start:end, None]
+        G = g[:, start:end].cumsum(-1)                                       # [H, n]
+        n = end - start
+        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        # decay between token s and token t; masked before exp so the upper triangle cannot overflow
+        D = (G[:, :, None] - G[:, None, :]).masked_fill(~causal, float("-inf")).exp()
+        A = (bc * kc) @ kc.transpose(-1, -2) * D      # only its strict lower triangle is read below
+        rhs = bc * vc - (bc * G.exp()[..., None] * kc) @ state
+        U = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+        out[:, start:end] = (qc * G.exp()[..., None]) @ state + (qc @ kc.transpose(-1, -2) * D) @ U
+        last = G[:, -1:]                                                     # [H, 1]
+        state = state * last.exp()[..., None] + (kc * (last - G).exp()[..., None]).transpose(-1, -2) @ U
+    return out, state
+
+
+def recurrent_gated_delta_step(q, k, v, g, beta, state):
+    """One token for each of B sequences. q, k: [B, H, dk]; v: [B, H, dv]; g, beta: [B, H];
+    state: [B, H, dk, dv] (fp32). Returns (outputs [B, H, dv], new state)."""
+    state = state * g.exp()[..., None, None]
+    predicted = torch.einsum("bhk,bhkv->bhv", k, state)       # what the decayed state recalls for k
+    delta = (v - predicted) * beta[..., None]
+    state = state + k[..., :, None] * delta[..., None, :]
+    return torch.einsum("bhk,bhkv->bhv", q, state), state
+
+
+class GatedRMSNorm(RMSNorm):
+    """RMSNorm (plain `weight` scale) of each value head's output, then gated by silu(z)."""
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return (super().forward(x).float() * F.silu(gate.float())).to(x.dtype)
+
+
+class Qwen3_5GatedDeltaNet(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_k_heads, self.num_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
+        self.head_k_dim, self.head_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.kernel_size = config.linear_conv_kernel_dim
+        if config.hidden_act != "silu":
+            raise ValueError(f"Qwen3.5 linear attention expects silu, got {config.hidden_act!r}")
+        # the checkpoint's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, fused: one matmul
+        self.in_proj = MergedLinear(config.hidden_size, [self.conv_dim, self.value_dim, self.num_v_heads,
+                                                         self.num_v_heads])
+        # depthwise, no bias; only its weight [conv_dim, 1, kernel] is used
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel_size, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
+        self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, config.hidden_size, bias=False)
+        # bound by the engine: [num_slots, conv_dim, kernel - 1] (model dtype), [num_slots, Hv, dk, dv] (fp32)
+        self.conv_state: torch.Tensor | None = None
+        self.ssm_state: torch.Tensor | None = None
+
+    def cache_spec(self) -> RecurrentStateSpec:
+        # the conv keeps the last kernel-1 inputs; the delta rule its state matrix per value head
+        return RecurrentStateSpec(conv_shape=(self.conv_dim, self.kernel_size - 1),
+                                  state_shape=(self.num_v_heads, self.head_k_dim, self.head_v_dim))
+
+    def _conv(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """silu(causal depthwise conv) of x [T, conv_dim]; refreshes each sequence's conv window."""
+        K = self.kernel_size
+        if ctx.is_prefill:
+            # every token's window of K inputs ending at itself; taps before its prompt's start
+            # (position < 0) are zero, so packed prompts do not see each other
+            offsets = torch.arange(1 - K, 1, device=x.device)
+            rows = torch.arange(x.shape[0], device=x.device)[:, None] + offsets          # [T, K]
+            valid = (positions[:, None] + offsets >= 0).to(x.dtype)
+            windows = x[rows.clamp(min=0)] * valid[..., None]                            # [T, K, C]
+            # a prompt's last window minus its oldest tap is what its first decode step extends;
+            # copied whole, so a reused slot keeps nothing of its previous request
+            last = ctx.cu_seqlens[1:].long() - 1
+            self.conv_state.index_copy_(0, ctx.state_slots, windows[last, 1:].transpose(1, 2).to(self.conv_state.dtype))
+        else:
+            windows = torch.cat([self.conv_state[ctx.state_slots], x[:, :, None]], dim=-1)  # [B, C, K]
+            self.conv_state[ctx.state_slots] = windows[..., 1:]
+            windows = windows.transpose(1, 2)
+        return F.silu(torch.einsum("tkc,ck->tc", windows, self.conv1d.weight[:, 0]))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        T = x.shape[0]
+        qkv, z, b, a = self.in_proj(x).split(self.in_proj.out_sizes, dim=-1)
+        q, k, v = self._conv(qkv, positions, ctx).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        # the delta rule runs in fp32 on unit-length q/k (q also scaled by 1/sqrt(dk))
+        q = _l2norm(q.float().view(T, self.num_k_heads, self.head_k_dim)) * self.head_k_dim ** -0.5
+        k = _l2norm(k.float().view(T, self.num_k_heads, self.head_k_dim))
+        v = v.float().view(T, self.num_v_heads, self.head_v_dim)
+        # each key head serves num_v_heads / num_k_heads consecutive value heads
+        rep = self.num_v_heads // self.num_k_heads
+        q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+        beta = b.sigmoid().float()                                             # write strength in (0, 1)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())   # log decay <= 0
+        if ctx.is_prefill:
+            outs, states, start = [], [], 0
+            for n in ctx.seq_lens:   # every prompt starts from an empty state
+                s = slice(start, start + n)
+                zero = q.new_zeros(self.num_v_heads, self.head_k_dim, self.head_v_dim)
+                o, state = chunk_gated_delta_rule(q[s].transpose(0, 1), k[s].transpose(0, 1), v[s].transpose(0, 1),
+                                                  g[s].t(), beta[s].t(), zero)
+                outs.append(o.transpose(0, 1))
+                states.append(state)
+                start += n
+            o = torch.cat(outs)
+            self.ssm_state.index_copy_(0, ctx.state_slots, torch.stack(states))
+        else:
+            o, state = recurrent_gated_delta_step(q, k, v, g, beta, self.ssm_state[ctx.state_slots])
+            self.ssm_state[ctx.state_slots] = state
+        o = self.norm(o.to(x.dtype), z.view(T, self.num_v_heads, self.head_v_dim))
+        return self.out_proj(o.reshape(T, self.value_dim))
+
+
+class Qwen3_5Attention(nn.Module):
+    def __init__(self, config, rotary: RotaryEmbedding):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        # q_proj yields, per head, the query then its output gate: [H, 2 * head_dim]
+        self.qkv_proj = MergedLinear(config.hidden_size, [2 * q, kv, kv], bias=config.attention_bias)
+        self.o_proj = nn.Linear(q, config.hidden_size, bias=config.attention_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centered=True)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centered=True)
+        self.rotary = rotary
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        qg, k, v = self.qkv_proj(x).split(self.qkv_proj.out_sizes, dim=-1)
+        q, gate = qg.view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = self.q_norm(q)
+        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+        q, k = self.rotary(positions, q, k)
+        o = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), ctx)
+        o = o.reshape(-1, self.num_heads * self.head_dim) * torch.sigmoid(gate.reshape(o.shape[0], -1))
+        return self.o_proj(o)
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    def __init__(self, config, layer_type: str, rotary: RotaryEmbedding):
+        super().__init__()
+        self.is_linear = layer_type == "linear_attention"
+        if self.is_linear:
+            self.linear_attn = Qwen3_5GatedDeltaNet(config)
+        elif layer_type == "full_attention":
+            self.self_attn = Qwen3_5Attention(config, rotary)
+        else:
+            raise ValueError(f"unknown Qwen3.5 layer type {layer_type!r}")
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
+
+    def forward(self, x, residual, positions, ctx):
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        mixer = self.linear_attn if self.is_linear else self.self_attn
+        x = mixer(x, positions, ctx)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class Qwen3_5Model(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # inv_freq covers only the rotated dims (partial_rotary_factor); mrope collapses to this for text
+        inv_freq, scaling = rope_inv_freq(config, head_dim)
+        rotary = RotaryEmbedding(inv_freq, config.max_position_embeddings, scaling)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Qwen3_5DecoderLayer(config, t, rotary)
+                                    for t in config.layer_types[:config.num_hidden_layers])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
+        self.rotary = rotary
+
+    def forward(self, input_ids, positions, ctx):
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, ctx)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class Qwen3_5ForCausalLM(nn.Module):
+    # checkpoint name fragment -> (our merged module's name fragment, part index)
+    packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+              "in_proj_qkv": ("in_proj", 0), "in_proj_z": ("in_proj", 1),
+              "in_proj_b": ("in_proj", 2), "in_proj_a": ("in_proj", 3)}
+    # multimodal checkpoints nest the decoder under model.language_model; we serve text only,
+    # so the vision tower and the multi-token-prediction head are not loaded
+    rename = {"model.language_model.": "model."}
+    skip_prefixes = ("model.visual.", "mtp.")
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.model = Qwen3_5Model(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

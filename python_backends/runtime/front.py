@@ -1,0 +1,105 @@
+"""The front of a streaming ensemble: relays requests to it and makes cancellation work.
+
+Triton 2.51 checks an ensemble request for cancellation only between steps, so a long-running
+decoupled step (an AR decode) never learns that its client cancelled or went away, and keeps its
+batch slot until max_tokens. The front is the model clients call: it forwards each request to the
+ensemble (BLS, same inputs, a unique request id that the ensemble hands to every step), relays every
+response, and when the client cancels it asks each streaming step to abort that request id.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+CANCEL_CHECK_S = 0.1
+ABORT_INPUT = "abort_request_id"
+
+
+class StreamFront:
+    def initialize(self, args: dict[str, str]) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        self.pb = pb_utils
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.ensemble = params["ensemble"]
+        self.abort_models = [m for m in params.get("abort_models", "").split(",") if m]
+        self.output_names = [o["name"] for o in config["output"]]
+        self.batched = int(config.get("max_batch_size", 0)) > 0
+        self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_streams", "512")), thread_name_prefix="front")
+        self.active: dict[str, tuple] = {}     # inner request id -> (sender, aborted flag holder)
+        self.lock = threading.Lock()
+        self._stop = False
+        self.watcher = threading.Thread(target=self._watch, name="front-cancel", daemon=True)
+        self.watcher.start()
+
+    def execute(self, requests):
+        for request in requests:
+            self.pool.submit(self._relay, request, request.get_response_sender())
+        return None
+
+    def _relay(self, request, sender) -> None:
+        pb = self.pb
+        inner_id = uuid.uuid4().hex
+        state = [False]                         # set once the abort was sent
+        with self.lock:
+            self.active[inner_id] = (sender, state)
+        try:
+            bls = pb.InferenceRequest(model_name=self.ensemble, inputs=request.inputs(),
+                                      requested_output_names=self.output_names, request_id=inner_id)
+            for response in bls.exec(decoupled=True):
+                if response.has_error():
+                    if not state[0]:
+                        sender.send(pb.InferenceResponse(error=response.error()), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    return
+                tensors = response.output_tensors()
+                if tensors and not state[0]:
+                    sender.send(pb.InferenceResponse(output_tensors=tensors))
+            sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:  # noqa: BLE001 - this request fails, the model keeps serving
+            pb.Logger.log_error(f"{self.ensemble}: relay failed: {exc!r}")
+            try:
+                sender.send(pb.InferenceResponse(error=pb.TritonError(f"relay failed: {exc}")),
+                            flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:  # noqa: BLE001 - the client is gone
+                pass
+        finally:
+            with self.lock:
+                self.active.pop(inner_id, None)
+
+    def _watch(self) -> None:
+        while not self._stop:
+            time.sleep(CANCEL_CHECK_S)
+            with self.lock:
+                items = list(self.active.items())
+            for inner_id, (sender, state) in items:
+                if state[0]:
+                    continue
+                try:
+                    cancelled = sender.is_cancelled()
+                except Exception:  # noqa: BLE001
+                    cancelled = True
+                if cancelled:
+                    state[0] = True
+                    self._abort(inner_id)
+
+    def _abort(self, inner_id: str) -> None:
+        pb = self.pb
+        value = np.array([[inner_id.encode()]] if self.batched else [inner_id.encode()], dtype=np.object_)
+        for model in self.abort_models:
+            try:
+                req = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(ABORT_INPUT, value)],
+                                          requested_output_names=[], request_id=f"abort-{inner_id}")
+                for _ in req.exec(decoupled=True):
+                    pass
+            except Exception as exc:  # noqa: BLE001
+                pb.Logger.log_error(f"{self.ensemble}: abort of {inner_id} in {model} failed: {exc!r}")
+
+    def finalize(self) -> None:
+        self._stop = True
+        self.pool.shutdown(wait=False, cancel_futures=True)

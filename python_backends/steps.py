@@ -1,0 +1,3 @@
+"""Imports every module that registers a step, so `STEPS` is complete (used by the converter)."""
+import python_backends.ar.step  # noqa: F401
+import python_backends.text.chat  # noqa: F401

@@ -1,0 +1,156 @@
+"""The chat model's CPU steps: pre (validate, chat template, tokenize) and post (detokenize).
+
+pre  turns `messages` (OpenAI-style JSON) or a raw `text_input` into token ids, and checks the
+     sampling parameters against the prompt and the context, so bad requests fail before decode.
+post turns the token ids that the AR step releases into text. It keeps no state: each response
+     carries a few already-sent tokens as context, so the new text is decode(context + new) minus
+     decode(context), which is exact at the whole-character boundaries the AR step cuts at.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from python_backends.ar.sampling import FIELD as SAMPLING, SamplingParams
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.spec import TensorSpec
+from python_backends.runtime.step import Request, Step, StepContext, register, string_array
+from python_backends.text.tokenizer import load_tokenizer
+
+ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+@dataclass
+class ChatPreParams:
+    checkpoint: str = ""
+    max_model_len: int = 2048
+    max_messages_bytes: int = 1 << 20
+
+
+def _message_text(i: int, content: Any) -> str:
+    """OpenAI content: a string, or a list of parts of which text parts are kept."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidInput(f"messages[{i}].content[{j}]", "only text parts are supported by this model")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise InvalidInput(f"messages[{i}].content", "expected a string or a list of content parts")
+
+
+def parse_messages(raw: Any) -> list[dict[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise InvalidInput("messages", "expected a non-empty JSON list of {role, content} objects")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise InvalidInput(f"messages[{i}]", "expected an object with 'role' and 'content'")
+        role = m.get("role")
+        if role not in ROLES:
+            raise InvalidInput(f"messages[{i}].role", f"expected one of {sorted(ROLES)}, got {role!r}")
+        if "content" not in m:
+            raise InvalidInput(f"messages[{i}].content", "missing")
+        out.append({"role": role, "content": _message_text(i, m["content"])})
+    return out
+
+
+@register("chat_pre")
+class ChatPreprocess(Step):
+    inputs = (
+        TensorSpec("text_input", "TYPE_STRING", (1,), optional=True),
+        TensorSpec("messages", "TYPE_STRING", (1,), optional=True),
+        TensorSpec("chat_template_kwargs", "TYPE_STRING", (1,), optional=True),
+        TensorSpec("sampling_parameters", "TYPE_STRING", (1,), optional=True),
+    )
+    outputs = (
+        TensorSpec("input_ids", "TYPE_INT32", (-1,)),
+        TensorSpec("sampling", "TYPE_STRING", (1,)),
+    )
+    Params = ChatPreParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        self.tokenizer = load_tokenizer(ctx.checkpoint(self.params.checkpoint))
+
+    def prompt_ids(self, req: Request) -> list[int]:
+        text = req.string("text_input")
+        messages = req.json("messages")
+        if (text is None) == (messages is None):
+            raise InvalidInput("messages", "give exactly one of 'messages' or 'text_input'")
+        if text is not None:
+            if not text:
+                raise InvalidInput("text_input", "is empty")
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        kwargs = req.json("chat_template_kwargs", {})
+        if not isinstance(kwargs, dict):
+            raise InvalidInput("chat_template_kwargs", "expected a JSON object")
+        return list(self.tokenizer.apply_chat_template(parse_messages(messages), add_generation_prompt=True,
+                                                       tokenize=True, return_dict=False, **kwargs))
+
+    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
+        results: list[dict | BaseException] = []
+        for req in requests:
+            try:
+                ids = self.prompt_ids(req)
+                params = SamplingParams.from_dict(req.json(SAMPLING))
+                params.resolve(len(ids), self.params.max_model_len, len(self.tokenizer))   # validate early
+                results.append({"input_ids": np.asarray(ids, dtype=np.int32),
+                                "sampling": string_array(json.dumps(params.to_dict()))})
+            except InvalidInput as exc:
+                results.append(exc)
+        return results
+
+
+@dataclass
+class DetokenizeParams:
+    checkpoint: str = ""
+
+
+@register("detokenize")
+class Detokenize(Step):
+    inputs = (
+        TensorSpec("token_ids", "TYPE_INT32", (-1,), ragged=True),
+        TensorSpec("num_context", "TYPE_INT32", (1,)),
+        TensorSpec("stop_text", "TYPE_STRING", (1,)),
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        TensorSpec("prompt_tokens", "TYPE_INT32", (1,)),
+        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),
+    )
+    outputs = (
+        TensorSpec("text_output", "TYPE_STRING", (1,)),
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        TensorSpec("prompt_tokens", "TYPE_INT32", (1,)),
+        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),
+    )
+    Params = DetokenizeParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        self.tokenizer = load_tokenizer(ctx.checkpoint(self.params.checkpoint))
+
+    def text(self, ids: list[int], num_context: int, stop: str) -> str:
+        decode = lambda t: self.tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+        full = decode(ids)
+        prefix = decode(ids[:num_context]) if num_context else ""
+        new = full[len(prefix):] if full.startswith(prefix) else decode(ids[num_context:])
+        if stop:
+            cut = new.find(stop)
+            new = new if cut < 0 else new[:cut]
+        return new
+
+    def execute(self, requests: list[Request]) -> list[dict]:
+        out = []
+        for req in requests:
+            ids = req.get("token_ids").tolist()
+            text = self.text(ids, int(req.scalar("num_context")), req.string("stop_text"))
+            out.append({"text_output": string_array(text),
+                        "finish_reason": req.get("finish_reason"),
+                        "prompt_tokens": req.get("prompt_tokens"),
+                        "completion_tokens": req.get("completion_tokens")})
+        return out

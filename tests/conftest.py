@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny checkpoints (built once) and real tritonserver instances per test module."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+TINY = ROOT / "checkpoints" / "tiny"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints() -> dict[str, Path]:
+    from converters.tiny import build
+
+    return build(TINY)
+
+
+@contextlib.contextmanager
+def running_server(tmp_path: Path, models: list[str], overrides: list[str] = ()):
+    """Build a CPU model repository for `models` (with --set overrides) and serve it."""
+    from converters.__main__ import load_configs
+    from converters.generate import write_repository
+    from launcher import TritonServer
+
+    repo = tmp_path / "model_repository"
+    write_repository(load_configs(models, [], list(overrides)), repo, "cpu")
+    server = TritonServer(repo, models=models, log_path=tmp_path / "tritonserver.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,276 @@
+"""Each Triton kernel in kernels/triton_ops.py against its torch reference in kernels/reference.py.
+
+On a machine with CUDA the kernels run for real (fp32, bf16 and fp16); without it they run under the
+Triton interpreter on the CPU (fp32 only, small shapes: the interpreter is slow).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"                 # before triton is imported anywhere below
+
+triton = pytest.importorskip("triton")
+
+from kernels import reference  # noqa: E402
+from kernels import triton_ops as ops  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+# the interpreter trips a numpy deprecation when it runs a loop with loaded bounds; not ours
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16] if CUDA else [torch.float32]
+# (atol, rtol) against the reference; low-precision outputs may differ by an ulp after rounding
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
+ATTN_TOL = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
+
+
+def _close(out, ref, tol):
+    atol, rtol = tol
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert out.dtype == ref.dtype, (out.dtype, ref.dtype)
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def _randn(*shape, dtype=torch.float32, gen=None):
+    return torch.randn(*shape, generator=gen, device=DEVICE, dtype=torch.float32).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- norm
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 8), (5, 37), (3, 256), (2, 3, 24), (300, 64)])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_rms_norm(dtype, shape, with_residual, zero_centered):
+    g = _gen(0)
+    D = shape[-1]
+    x = _randn(*shape, dtype=dtype, gen=g) * 3
+    w = _randn(D, dtype=dtype, gen=g) * (0.1 if zero_centered else 1.0)
+    res = _randn(*shape, dtype=dtype, gen=g) if with_residual else None
+    eps = 1e-6
+    out = ops.rms_norm(x, w, eps, res, zero_centered)
+    ref = reference.rms_norm(x, w, eps, res, zero_centered)
+    if with_residual:
+        _close(out[0], ref[0], TOL[dtype])
+        assert torch.equal(out[1], ref[1])               # the residual sum is exact in x's dtype
+    else:
+        _close(out, ref, TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_strided_heads(dtype):
+    """Per-head norm (q_norm/k_norm) on a [T, H, D] view cut out of a fused qkv projection."""
+    g = _gen(1)
+    T, Hq, Hk, D = 20, 4, 2, 40                          # 80 and 40 rows: several programs a tensor
+    qkv = _randn(T, (Hq + 2 * Hk) * D, dtype=dtype, gen=g)
+    q, k, _ = qkv.split([Hq * D, Hk * D, Hk * D], dim=-1)
+    qh, kh = q.view(T, Hq, D), k.view(T, Hk, D)
+    assert not qh.is_contiguous()
+    w = _randn(D, dtype=dtype, gen=g)
+    for x in (qh, kh):
+        _close(ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6), TOL[dtype])
+
+
+@pytest.mark.skipif(not CUDA, reason="mixed dtypes: CUDA only")
+def test_rms_norm_fp32_weight_bf16_input():
+    g = _gen(2)
+    x = _randn(7, 96, dtype=torch.bfloat16, gen=g)
+    w = _randn(96, gen=g)
+    out, ref = ops.rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5)
+    assert out.dtype == torch.float32
+    _close(out, ref, TOL[torch.float32])
+
+
+def test_rms_norm_detects_wrong_weight():
+    """The comparison can fail: a perturbed weight must not pass."""
+    g = _gen(3)
+    x, w = _randn(4, 32, gen=g), _randn(32, gen=g)
+    w2 = w.clone()
+    w2[5] += 0.5
+    with pytest.raises(AssertionError):
+        _close(ops.rms_norm(x, w2, 1e-6), reference.rms_norm(x, w, 1e-6), TOL[torch.float32])
+
+
+# -------------------------------------------------------------------------------------------- rotary
+
+def _rope_tables(max_pos: int, rotary_dim: int):
+    inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
+    return freqs.cos().to(DEVICE), freqs.sin().to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,Hq,Hk", [(1, 4, 4), (6, 4, 2), (5, 8, 2), (3, 3, 1)])
+@pytest.mark.parametrize("D,R", [(16, 16), (24, 24), (32, 16), (40, 24), (64, 64)])
+@pytest.mark.parametrize("fused", [False, True])
+def test_rotary(dtype, T, Hq, Hk, D, R, fused):
+    g = _gen(4)
+    max_pos = 50
+    cos, sin = _rope_tables(max_pos, R)
+    if fused:                                            # strided views from a fused qkv projection
+        qkv = _randn(T, (Hq + 2 * Hk) * D, dtype=dtype, gen=g)
+        q, k, _ = qkv.split([Hq * D, Hk * D, Hk * D], dim=-1)
+        q, k = q.view(T, Hq, D), k.view(T, Hk, D)
+    else:
+        q, k = _randn(T, Hq, D, dtype=dtype, gen=g), _randn(T, Hk, D, dtype=dtype, gen=g)
+    positions = torch.randint(0, max_pos, (T,), generator=g, device=DEVICE)
+    q0, k0 = q.clone(), k.clone()
+    oq, ok = ops.rotary(q, k, cos, sin, positions)
+    rq, rk = reference.rotary(q, k, cos, sin, positions)
+    _close(oq, rq, TOL[dtype])
+    _close(ok, rk, TOL[dtype])
+    assert torch.equal(q, q0) and torch.equal(k, k0), "rotary must not modify its inputs"
+    if R < D:                                            # the tail passes through bit-exactly
+        assert torch.equal(oq[..., R:], q[..., R:]) and torch.equal(ok[..., R:], k[..., R:])
+
+
+# ------------------------------------------------------------------------------------------ silu*mul
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2), (3, 14), (2, 5, 128), (4, 600)])
+def test_silu_and_mul(dtype, shape):
+    g = _gen(5)
+    x = _randn(*shape, dtype=dtype, gen=g) * 4
+    _close(ops.silu_and_mul(x), reference.silu_and_mul(x), TOL[dtype])
+
+
+@pytest.mark.skipif(not CUDA, reason="large shape: CUDA only")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_large(dtype):
+    x = _randn(37, 2 * 3072 + 2 * 5, dtype=dtype, gen=_gen(6))
+    _close(ops.silu_and_mul(x), reference.silu_and_mul(x), TOL[dtype])
+
+
+# ---------------------------------------------------------------------------------------- kv writes
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,H,D,block_size", [(1, 1, 8, 16), (9, 3, 20, 16), (12, 2, 64, 32), (7, 8, 128, 16)])
+@pytest.mark.parametrize("strided", [False, True])
+def test_store_kv(dtype, T, H, D, block_size, strided):
+    g = _gen(7)
+    num_blocks = 4
+    if strided:                                          # k, v as views of a fused projection
+        kv = _randn(T, 2 * H * D + 3, dtype=dtype, gen=g)
+        k, v = kv[:, :H * D].view(T, H, D), kv[:, H * D:2 * H * D].view(T, H, D)
+    else:
+        k, v = _randn(T, H, D, dtype=dtype, gen=g), _randn(T, H, D, dtype=dtype, gen=g)
+    slots = torch.randperm(num_blocks * block_size, generator=g, device=DEVICE)[:T]
+    if T > 1:
+        slots[::3] = -1                                  # padding tokens: skipped
+    k_cache = _randn(num_blocks, block_size, H, D, dtype=dtype, gen=g)
+    v_cache = _randn(num_blocks, block_size, H, D, dtype=dtype, gen=g)
+    rk, rv = k_cache.clone(), v_cache.clone()
+    ops.store_kv(k, v, k_cache, v_cache, slots)
+    reference.store_kv(k, v, rk, rv, slots)
+    assert torch.equal(k_cache, rk) and torch.equal(v_cache, rv)
+
+
+# ------------------------------------------------------------------------------------ decode attention
+
+def _decode_case(B, Hq, Hk, D, block_size, context_lens, dtype, seed, extra_table_cols=2):
+    """Random caches and block tables (blocks shuffled, tables wider than needed, as a graph buffer)."""
+    g = _gen(seed)
+    context_lens = torch.tensor(context_lens, dtype=torch.int32, device=DEVICE)
+    blocks_needed = [math.ceil(int(n) / block_size) for n in context_lens]
+    max_blocks = max(blocks_needed) + extra_table_cols
+    num_blocks = sum(blocks_needed) + 3
+    perm = torch.randperm(num_blocks, generator=g, device=DEVICE).to(torch.int32)
+    block_tables = torch.zeros(B, max_blocks, dtype=torch.int32, device=DEVICE)
+    used, start = [], 0
+    for b, nb in enumerate(blocks_needed):
+        block_tables[b, :nb] = perm[start:start + nb]
+        used.append(perm[start:start + nb])
+        start += nb
+    q = _randn(B, Hq, D, dtype=dtype, gen=g) * 2         # a peaked softmax shows rescaling errors
+    k_cache = _randn(num_blocks, block_size, Hk, D, dtype=dtype, gen=g)
+    v_cache = _randn(num_blocks, block_size, Hk, D, dtype=dtype, gen=g)
+    return q, k_cache, v_cache, block_tables, context_lens
+
+
+def _poison_unused(k_cache, v_cache, block_tables, context_lens):
+    """NaN into every cache row that no sequence's context covers: the kernel must never read them."""
+    block_size = k_cache.shape[1]
+    live = torch.zeros(k_cache.shape[0] * block_size, dtype=torch.bool, device=k_cache.device)
+    for b, n in enumerate(context_lens.tolist()):
+        pos = torch.arange(n, device=k_cache.device)
+        live[block_tables[b, pos // block_size].long() * block_size + pos % block_size] = True
+    k_cache.view(-1, *k_cache.shape[2:])[~live] = float("nan")
+    v_cache.view(-1, *v_cache.shape[2:])[~live] = float("nan")
+
+
+DECODE_CASES = [
+    # B, Hq, Hk, D, block_size, context_lens
+    (1, 2, 2, 16, 16, [1]),                             # a context of one token, MHA
+    (3, 4, 2, 32, 16, [17, 5, 40]),                      # GQA 2, ends mid-block
+    (2, 8, 2, 64, 16, [100, 33]),                        # GQA 4, several tiles
+    (2, 4, 4, 40, 32, [70, 1]),                          # odd head_dim, block 32
+    (2, 6, 2, 24, 32, [65, 31]),                         # group of 3 (padded rows), block 32
+    (2, 4, 1, 32, 16, [300, 129]),                       # GQA 4 on one kv head, many tiles per split
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,Hq,Hk,D,block_size,context_lens", DECODE_CASES)
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_paged_decode_attention(dtype, B, Hq, Hk, D, block_size, context_lens, num_splits):
+    q, k_cache, v_cache, block_tables, lens = _decode_case(B, Hq, Hk, D, block_size, context_lens, dtype, seed=8)
+    scale = D ** -0.5
+    ref = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, lens, scale, max(context_lens))
+    _poison_unused(k_cache, v_cache, block_tables, lens)
+    out = ops.paged_decode_attention(q, k_cache, v_cache, block_tables, lens, scale, num_splits=num_splits)
+    assert torch.isfinite(out.float()).all()
+    _close(out, ref, ATTN_TOL[dtype])
+
+
+@pytest.mark.skipif(not CUDA, reason="large shapes: CUDA only")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,Hq,Hk,D,block_size,context_lens", [
+    (4, 32, 8, 128, 16, [1, 300, 2047, 4100]),
+    (3, 16, 4, 256, 16, [513, 1, 1500]),
+    (2, 16, 2, 96, 32, [777, 64]),
+    (64, 32, 8, 128, 16, [1 + 37 * i for i in range(64)]),
+])
+def test_paged_decode_attention_large(dtype, B, Hq, Hk, D, block_size, context_lens):
+    q, k_cache, v_cache, block_tables, lens = _decode_case(B, Hq, Hk, D, block_size, context_lens, dtype, seed=9,
+                                                           extra_table_cols=64)
+    scale = D ** -0.5
+    ref = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, lens, scale, max(context_lens))
+    for num_splits in (None, 1, 7, ops.MAX_SPLITS):
+        out = ops.paged_decode_attention(q, k_cache, v_cache, block_tables, lens, scale, num_splits=num_splits)
+        _close(out, ref, ATTN_TOL[dtype])
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs: CUDA only")
+def test_paged_decode_attention_cuda_graph():
+    """Captured once, replayed with other context lengths and tables: the launch takes no host max."""
+    dtype = torch.bfloat16
+    q, k_cache, v_cache, block_tables, lens = _decode_case(8, 16, 4, 128, 16, [900] * 8, dtype, seed=10)
+    scale = 128 ** -0.5
+    ops.paged_decode_attention(q, k_cache, v_cache, block_tables, lens, scale)   # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.paged_decode_attention(q, k_cache, v_cache, block_tables, lens, scale)
+    for new_lens in ([1, 2, 3, 4, 5, 6, 7, 8], [900, 17, 512, 33, 1, 640, 899, 256]):
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        ref = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, lens, scale, max(new_lens))
+        _close(out, ref, ATTN_TOL[dtype])
+
+
+def test_paged_decode_attention_detects_wrong_scale():
+    """The comparison can fail: a wrong softmax scale must not pass."""
+    q, k_cache, v_cache, block_tables, lens = _decode_case(2, 4, 2, 32, 16, [20, 9], torch.float32, seed=11)
+    ref = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, lens, 32 ** -0.5, 20)
+    out = ops.paged_decode_attention(q, k_cache, v_cache, block_tables, lens, 0.5 * 32 ** -0.5)
+    with pytest.raises(AssertionError):
+        _close(out, ref, ATTN_TOL[torch.float32])
