@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.out}: {', '.join(models)}")
         elif args.cmd == "check":
             with tempfile.TemporaryDirectory() as tmp:
-                write_repository(load_configs(None, [], []), Path(tmp), "cpu")
+                write_repository(load_configs(None, [], []), Path(tmp), "cpu", location=REPO_DIR)
                 want, have = tree(Path(tmp)), tree(REPO_DIR)
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
             if diff:

@@ -190,17 +190,24 @@ def repository_files(cfg: EnsembleConfig, target: str, out: Path) -> dict[str, s
     return files
 
 
-def write_repository(configs: list[EnsembleConfig], out: Path, target: str, clean: bool = True) -> list[str]:
-    """Write the repository; with `clean`, models not generated from these configs are removed."""
+def write_repository(configs: list[EnsembleConfig], out: Path, target: str, clean: bool = True,
+                     location: Path | None = None) -> list[str]:
+    """Write the repository. `location`: where it will be served from, if not `out` (relative
+    checkpoint paths are kept only for a repository inside the project). With `clean`, models and
+    files not generated from these configs are removed."""
     out = Path(out)
     files: dict[str, str] = {}
     for cfg in configs:
-        files.update(repository_files(cfg, target, out))
+        files.update(repository_files(cfg, target, Path(location or out)))
     models = {p.split("/")[0] for p in files}
     if clean and out.exists():
         for d in out.iterdir():
             if d.is_dir() and d.name not in models:
                 shutil.rmtree(d)
+        for f in out.rglob("*"):
+            rel = f.relative_to(out).as_posix()
+            if f.is_file() and "__pycache__" not in f.parts and rel not in files:
+                f.unlink()
     for rel, text in files.items():
         p = out / rel
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -180,10 +180,6 @@ class ARDecode(Step):
         if stop_hit is not None:
             self.engine.abort(reply.seq)
             reason = "stop"
-        elif reason == "error":
-            self._close(reply)
-            reply.sink.error(RuntimeError("the decode engine failed; see the server log"))
-            return
         elif reason is not None:
             released += reply.tokens.flush()
         reply.n_released += len(released)
@@ -213,9 +209,11 @@ class ARDecode(Step):
             self.live.discard(reply)
 
     def _cancel(self, reply: _Reply) -> None:
+        """End a cancelled request with a normal final response: an error mid-stream would not
+        reach the model's front (Triton 2.51 drops it on the way to a BLS caller)."""
         self._close(reply)
         self.engine.abort(reply.seq)
-        reply.sink.error(Cancelled("request cancelled"))
+        self._send(reply, [], [], None, "cancelled")
 
     def _check_cancelled(self) -> None:
         with self.live_lock:

@@ -5,6 +5,8 @@ decoupled step (an AR decode) never learns that its client cancelled or went awa
 batch slot until max_tokens. The front is the model clients call: it forwards each request to the
 ensemble (BLS, same inputs, a unique request id that the ensemble hands to every step), relays every
 response, and when the client cancels it asks each streaming step to abort that request id.
+A streaming step ends an aborted request with a normal final response (finish_reason
+"cancelled"): an error in the middle of a stream does not reach a BLS caller in Triton 2.51.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import json
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -31,7 +32,6 @@ class StreamFront:
         self.abort_models = [m for m in params.get("abort_models", "").split(",") if m]
         self.output_names = [o["name"] for o in config["output"]]
         self.batched = int(config.get("max_batch_size", 0)) > 0
-        self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_streams", "512")), thread_name_prefix="front")
         self.active: dict[str, tuple] = {}     # inner request id -> (sender, aborted flag holder)
         self.lock = threading.Lock()
         self._stop = False
@@ -40,7 +40,9 @@ class StreamFront:
 
     def execute(self, requests):
         for request in requests:
-            self.pool.submit(self._relay, request, request.get_response_sender())
+            # A daemon thread per stream: a relay waiting on the ensemble never holds up shutdown.
+            threading.Thread(target=self._relay, args=(request, request.get_response_sender()),
+                             name="front-relay", daemon=True).start()
         return None
 
     def _relay(self, request, sender) -> None:
@@ -102,4 +104,3 @@ class StreamFront:
 
     def finalize(self) -> None:
         self._stop = True
-        self.pool.shutdown(wait=False, cancel_futures=True)
