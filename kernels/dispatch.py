@@ -19,6 +19,10 @@ def enable(on: bool = True) -> None:
     _enabled = on
 
 
+def enabled() -> bool:
+    return _enabled
+
+
 def _kernel(x: torch.Tensor):
     if _enabled and x.is_cuda:
         import kernels.triton_ops as ops

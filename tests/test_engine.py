@@ -45,10 +45,8 @@ def test_prefill_logits_match_transformers(folder, hf):
     seqs = [engine.add(p, SamplingParams(max_tokens=1)) for p in PROMPTS]
     engine._drain_inbox()
     batch = engine.scheduler.schedule()
-    runner = engine.runner
-    ids, pos, ctx, _ = runner.prepare_prefill(batch.seqs, engine.blocks)
     with torch.inference_mode():
-        ours = engine.runner.model.compute_logits(engine.runner.model(ids, pos, ctx))
+        ours = engine.runner.prefill_logits(batch.seqs, engine.blocks, all_tokens=True)
     start = 0
     for s in seqs:
         with torch.no_grad():
@@ -109,7 +107,7 @@ def test_stop_tokens_and_eos(folder):
     stop_at = free[4]
     out = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[stop_at]))[0]
     assert out == free[:free.index(stop_at)]
-    engine.eos_token_ids = {stop_at}
+    engine.eos_token_ids = {stop_at}      # read when a request is admitted
     seq = engine.add(PROMPTS[0], SamplingParams(max_tokens=10, temperature=0))
     engine.run_until_done()
     assert seq.output_ids == free[:free.index(stop_at)] and seq.finish_reason == "stop"

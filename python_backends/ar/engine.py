@@ -15,10 +15,10 @@ from torch import nn
 
 from python_backends.ar.block_manager import BlockManager
 from python_backends.ar.config import EngineConfig
-from python_backends.ar.model_runner import ModelRunner
+from python_backends.ar.model_runner import FINISH_LENGTH, FINISH_STOP, ModelRunner, StepHandle
 from python_backends.ar.sampling import SamplingParams
 from python_backends.ar.scheduler import Scheduler
-from python_backends.ar.sequence import Sequence
+from python_backends.ar.sequence import Sequence, Status
 from python_backends.runtime.errors import InvalidInput
 
 
@@ -37,6 +37,8 @@ class LLMEngine:
         self.config = config
         self.device = torch.device(device)
         self.eos_token_ids = set(eos_token_ids)
+        if len(self.eos_token_ids) > 8:
+            raise ValueError("at most 8 end-of-sequence token ids")
         self.vocab_size = vocab_size
         self.runner = ModelRunner(model, config, self.device, dtype)
         if self.runner.num_blocks * config.block_size < config.max_model_len:
@@ -47,6 +49,7 @@ class LLMEngine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._by_id: dict[int, Sequence] = {}
+        self.in_flight: StepHandle | None = None
 
     # -- called from any thread ---------------------------------------------------------------
     def add(self, prompt_ids: list[int], params: SamplingParams, on_output=None) -> Sequence:
@@ -65,7 +68,7 @@ class LLMEngine:
 
     # -- the loop thread ----------------------------------------------------------------------
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or not self._inbox.empty()
+        return self.scheduler.has_work() or not self._inbox.empty() or self.in_flight is not None
 
     def _drain_inbox(self) -> None:
         while True:
@@ -90,28 +93,40 @@ class LLMEngine:
             seq.on_output(seq, new, reason)
 
     def step(self) -> list[tuple[Sequence, list[int], str | None]]:
+        """Launch the next step, then collect the previous one's results while the device works.
+        A sequence that ends on a stop token is thus decoded once more; that token is dropped."""
         self._drain_inbox()
         batch = self.scheduler.schedule()
-        if batch is None:
-            return []
-        if batch.is_prefill:
+        launched = None
+        if batch is not None:
+            if batch.is_prefill:
+                for seq in batch.seqs:
+                    self.runner.admit(seq, self.eos_token_ids)
+                launched = self.runner.prefill(batch.seqs, self.blocks)
+                self.stats.prefill_steps += 1
+                self.stats.prefill_tokens += sum(len(s.prompt_ids) for s in batch.seqs)
+            else:
+                launched = self.runner.decode(batch.seqs)
+                self.stats.decode_steps += 1
+                self.stats.decode_tokens += len(batch.seqs)
+                self.stats.max_decode_batch = max(self.stats.max_decode_batch, len(batch.seqs))
             for seq in batch.seqs:
-                self.runner.admit(seq)
-            self.stats.prefill_steps += 1
-            self.stats.prefill_tokens += sum(len(s.prompt_ids) for s in batch.seqs)
-        else:
-            self.stats.decode_steps += 1
-            self.stats.decode_tokens += len(batch.seqs)
-            self.stats.max_decode_batch = max(self.stats.max_decode_batch, len(batch.seqs))
-        tokens = self.runner.run(batch, self.blocks).tolist()
+                seq.num_launched += 1
+        previous, self.in_flight = self.in_flight, launched
+        return self._collect(previous) if previous is not None else []
+
+    def _collect(self, handle: StepHandle) -> list[tuple[Sequence, list[int], str | None]]:
+        tokens, codes = handle.result()
         outputs = []
-        for seq, tok in zip(batch.seqs, tokens):
+        for seq, tok, code in zip(handle.seqs, tokens, codes):
+            if seq.status is Status.FINISHED:        # aborted, or ended a step earlier
+                continue
             new, reason = [tok], None
-            if (tok in self.eos_token_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids:
+            if code == FINISH_STOP:
                 new, reason = [], "stop"
             else:
                 seq.output_ids.append(tok)
-                if len(seq.output_ids) >= seq.params.max_tokens:
+                if code == FINISH_LENGTH:
                     reason = "length"
             if reason is not None:
                 self._finish(seq, reason)
@@ -153,6 +168,7 @@ class EngineThread:
             except Exception as exc:  # noqa: BLE001 - fail the running requests, keep serving
                 if self.on_error is not None:
                     self.on_error(exc)
+                eng.in_flight = None
                 for seq in list(eng.scheduler.running) + list(eng.scheduler.waiting):
                     eng._finish(seq, "error")
                     eng._emit(seq, [], "error")

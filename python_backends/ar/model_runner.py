@@ -1,11 +1,17 @@
-"""Runs the model for one scheduled batch: builds the step's tensors, owns the caches, samples.
+"""Runs the model for one scheduled batch: owns the caches and the per-sequence device state.
 
-The runner allocates the KV cache (paged blocks, for full-attention layers) and the recurrent
-state slots (for linear-attention layers) that the model declares, and binds them to its layers.
-Per-sequence sampling parameters live in device tables indexed by the sequence's row, written once
-on admission, so a step only uploads the rows it runs.
+Everything a decode step needs lives on the device, indexed by the sequence's row: its block table,
+position, last token, sampling parameters, stop ids and output count. A decode step therefore
+uploads only the list of rows (and only when the batch changes), runs forward + sampling + stop
+check entirely on the device (one CUDA graph per batch-size bucket on GPU), and starts a single
+device-to-host copy of [token, finish code] per row, which the engine reads one step later.
+
+Row `max_num_seqs` is a scratch row: graph batches are padded with it (its slot mapping is -1 and
+its context empty, so padding never touches a real sequence's cache or state).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -13,9 +19,12 @@ from torch import nn
 from python_backends.ar.block_manager import BlockManager
 from python_backends.ar.config import EngineConfig
 from python_backends.ar.sampling import sample
-from python_backends.ar.scheduler import Batch
 from python_backends.ar.sequence import Sequence
 from python_backends.models.context import AttentionCacheSpec, ForwardContext, RecurrentStateSpec
+
+MAX_STOP_IDS = 16           # eos + stop_token_ids per request (validated in SamplingParams)
+FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
+GREEDY, SAMPLE, FILTERED = "greedy", "sample", "filtered"
 
 
 def cache_layers(model: nn.Module) -> list[tuple[nn.Module, object]]:
@@ -23,19 +32,50 @@ def cache_layers(model: nn.Module) -> list[tuple[nn.Module, object]]:
     return [(m, m.cache_spec()) for m in model.modules() if hasattr(m, "cache_spec")]
 
 
+@dataclass
+class StepHandle:
+    """A launched step: its sequences and the pending copy of its results."""
+    seqs: list[Sequence]
+    host: torch.Tensor                  # [2, B] int64: token, finish code (filled asynchronously)
+    event: torch.cuda.Event | None
+
+    def result(self) -> tuple[list[int], list[int]]:
+        if self.event is not None:
+            self.event.synchronize()
+        tokens, codes = self.host.tolist()
+        return tokens, codes
+
+
 class ModelRunner:
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, dtype: torch.dtype):
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
+        self.cuda = device.type == "cuda"
         self.layers = cache_layers(model)
         self.num_blocks = config.num_kv_blocks or self._default_num_blocks()
-        self._allocate_caches()
-        n = config.max_num_seqs
-        self.temperature = torch.zeros(n, device=device)
-        self.top_k = torch.zeros(n, dtype=torch.int64, device=device)
-        self.top_p = torch.ones(n, device=device)
-        self.seeds = torch.zeros(n, dtype=torch.int64, device=device)
-        self.uses_top_k = [False] * n
-        self.uses_top_p = [False] * n
+        self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
+        self.scratch = config.max_num_seqs                   # the padding row
+        rows = config.max_num_seqs + 1
+        self._allocate_caches(rows)
+        z = lambda *shape, dt=torch.int64: torch.zeros(shape, dtype=dt, device=device)  # noqa: E731
+        # per-row state
+        self.block_tables = z(rows, self.max_blocks_per_seq, dt=torch.int32)
+        self.position = z(rows)             # position of the token the next decode step feeds
+        self.last_token = z(rows)
+        self.out_count = z(rows)            # tokens sampled so far
+        self.max_tokens = z(rows)
+        self.stop_ids = torch.full((rows, MAX_STOP_IDS), -1, dtype=torch.int64, device=device)
+        self.temperature = z(rows, dt=torch.float32)
+        self.top_k = z(rows)
+        self.top_p = torch.ones(rows, device=device)
+        self.seeds = z(rows)
+        # decode inputs: the rows of the batch, padded with the scratch row
+        self.graph_sizes = sorted({b for b in config.cuda_graph_batch_sizes if b <= config.max_num_seqs})
+        self.max_batch = max([config.max_num_seqs, *self.graph_sizes])
+        self.rows = torch.full((self.max_batch,), self.scratch, dtype=torch.int64, device=device)
+        self.out = z(2, self.max_batch)
+        self._rows_key: tuple[int, ...] = ()
+        self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
+        self.graph_pool = None
 
     # -- caches -------------------------------------------------------------------------------
     def _kv_bytes_per_block(self) -> int:
@@ -44,81 +84,157 @@ class ModelRunner:
                    for _, s in self.layers if isinstance(s, AttentionCacheSpec))
 
     def _default_num_blocks(self) -> int:
-        full = self.config.max_num_seqs * -(-self.config.max_model_len // self.config.block_size)
+        per_seq = -(-self.config.max_model_len // self.config.block_size)
+        full = self.config.max_num_seqs * per_seq
         if self.device.type != "cuda":
             return full
-        per_block = max(self._kv_bytes_per_block(), 1)
         free, total = torch.cuda.mem_get_info(self.device)
         budget = free - (1 - self.config.gpu_memory_utilization) * total
-        return max(min(full, int(budget // per_block)), -(-self.config.max_model_len // self.config.block_size))
+        return max(min(full, int(budget // max(self._kv_bytes_per_block(), 1))), per_seq)
 
-    def _allocate_caches(self) -> None:
-        n_slots, bs = self.config.max_num_seqs, self.config.block_size
+    def _allocate_caches(self, rows: int) -> None:
+        bs = self.config.block_size
         for module, spec in self.layers:
             if isinstance(spec, AttentionCacheSpec):
                 shape = (self.num_blocks, bs, spec.num_kv_heads, spec.head_dim)
                 module.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 module.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             elif isinstance(spec, RecurrentStateSpec):
-                module.conv_state = torch.zeros((n_slots, *spec.conv_shape), dtype=self.dtype, device=self.device)
-                module.ssm_state = torch.zeros((n_slots, *spec.state_shape), dtype=torch.float32, device=self.device)
+                module.conv_state = torch.zeros((rows, *spec.conv_shape), dtype=self.dtype, device=self.device)
+                module.ssm_state = torch.zeros((rows, *spec.state_shape), dtype=torch.float32, device=self.device)
             else:
                 raise TypeError(f"unknown cache spec {spec!r}")
 
-    # -- per-sequence tables ------------------------------------------------------------------
-    def admit(self, seq: Sequence) -> None:
+    # -- per-sequence state -------------------------------------------------------------------
+    def admit(self, seq: Sequence, eos_token_ids: set[int]) -> None:
         p, r = seq.params, seq.row
+        stops = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(eos_token_ids))
+        table = torch.full((MAX_STOP_IDS,), -1, dtype=torch.int64)
+        table[:len(stops[:MAX_STOP_IDS])] = torch.tensor(stops[:MAX_STOP_IDS], dtype=torch.int64)
+        blocks = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32)
+        blocks[:len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int32)
+        self.block_tables[r] = blocks.to(self.device, non_blocking=True)
+        self.stop_ids[r] = table.to(self.device, non_blocking=True)
+        self.position[r] = len(seq.prompt_ids)
+        self.out_count[r] = 0
+        self.max_tokens[r] = p.max_tokens
         self.temperature[r] = p.temperature
         self.top_k[r] = p.top_k
         self.top_p[r] = p.top_p
         self.seeds[r] = p.seed
-        self.uses_top_k[r] = p.top_k > 0 and p.temperature > 0
-        self.uses_top_p[r] = p.top_p < 1.0 and p.temperature > 0
 
-    # -- one step -----------------------------------------------------------------------------
-    def _tensor(self, values, dtype=torch.int64) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda").to(self.device, non_blocking=True)
+    @staticmethod
+    def variant(seqs: list[Sequence]) -> str:
+        if all(s.params.temperature == 0 for s in seqs):
+            return GREEDY
+        if any(s.params.temperature > 0 and (s.params.top_k > 0 or s.params.top_p < 1.0) for s in seqs):
+            return FILTERED
+        return SAMPLE
 
-    def prepare_prefill(self, seqs: list[Sequence], blocks: BlockManager):
-        ids, pos, slots = [], [], []
+    # -- device work ----------------------------------------------------------------------------
+    def _sample_and_check(self, logits: torch.Tensor, rows: torch.Tensor, variant: str) -> torch.Tensor:
+        """Next tokens, the finish code of each row, and the rows' device state advanced."""
+        if variant == GREEDY:
+            tokens = logits.argmax(-1)
+        else:
+            tokens = sample(logits, self.temperature[rows], self.top_k[rows], self.top_p[rows], self.seeds[rows],
+                            self.out_count[rows], variant == FILTERED, variant == FILTERED)
+        count = self.out_count[rows] + 1
+        stop = (tokens[:, None] == self.stop_ids[rows]).any(-1)
+        code = torch.where(stop, FINISH_STOP, torch.where(count >= self.max_tokens[rows], FINISH_LENGTH, FINISH_NONE))
+        self.last_token[rows] = tokens
+        self.out_count[rows] = count
+        return torch.stack([tokens, code])
+
+    def _decode_body(self, bs: int, variant: str, max_context_len: int) -> torch.Tensor:
+        rows = self.rows[:bs]
+        pos = self.position[rows]
+        valid = rows != self.scratch
+        block = self.block_tables[rows, pos // self.config.block_size].long()
+        slots = torch.where(valid, block * self.config.block_size + pos % self.config.block_size, -1)
+        ctx = ForwardContext(is_prefill=False, slot_mapping=slots, state_slots=rows,
+                             block_tables=self.block_tables[rows], context_lens=torch.where(valid, pos + 1, 0).int(),
+                             max_context_len=max_context_len)
+        hidden = self.model(self.last_token[rows], pos, ctx)
+        result = self._sample_and_check(self.model.compute_logits(hidden), rows, variant)
+        self.position[rows] = pos + 1
+        return result
+
+    def _graph(self, bs: int, variant: str) -> torch.cuda.CUDAGraph:
+        key = (bs, variant)
+        if key not in self.graphs:
+            saved = self.rows.clone()
+            self.rows.fill_(self.scratch)                       # capture on padding rows only
+            torch.cuda.synchronize(self.device)
+            self._decode_body(bs, variant, 0)                   # warm-up (kernels compiled, allocations made)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.graph_pool):
+                self.out[:, :bs] = self._decode_body(bs, variant, 0)
+            self.graph_pool = graph.pool()
+            self.graphs[key] = graph
+            self.rows.copy_(saved)
+            self._rows_key = ()
+        return self.graphs[key]
+
+    def capture_graphs(self, variants=(GREEDY, SAMPLE)) -> None:
+        """Capture the decode step for every batch-size bucket (GPU, Triton kernels on)."""
+        for bs in self.graph_sizes:
+            for v in variants:
+                self._graph(bs, v)
+
+    @property
+    def use_graphs(self) -> bool:
+        from kernels import dispatch
+
+        return self.cuda and not self.config.enforce_eager and dispatch.enabled() and bool(self.graph_sizes)
+
+    @torch.inference_mode()
+    def decode(self, seqs: list[Sequence]) -> StepHandle:
+        n = len(seqs)
+        bucket = next((b for b in self.graph_sizes if b >= n), None) if self.use_graphs else None
+        bs = bucket or n
+        key = tuple(s.row for s in seqs)
+        if key != self._rows_key:                          # upload rows only when the batch changed
+            rows = torch.full((bs,), self.scratch, dtype=torch.int64)
+            rows[:n] = torch.tensor(key, dtype=torch.int64)
+            self.rows[:bs].copy_(rows.pin_memory() if self.cuda else rows, non_blocking=True)
+            self._rows_key = key
+        variant = self.variant(seqs)
+        if bucket is not None:
+            self._graph(bs, variant).replay()
+            result = self.out[:, :n]
+        else:
+            result = self._decode_body(bs, variant, max(len(s.prompt_ids) + s.num_launched for s in seqs))[:, :n]
+        return self._copy_out(seqs, result)
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence], blocks: BlockManager) -> StepHandle:
+        logits = self.prefill_logits(seqs, blocks)
+        rows = torch.tensor([s.row for s in seqs], dtype=torch.int64).to(self.device, non_blocking=True)
+        result = self._sample_and_check(logits, rows, self.variant(seqs))
+        self._rows_key = ()
+        return self._copy_out(seqs, result)
+
+    def prefill_logits(self, seqs: list[Sequence], blocks: BlockManager, all_tokens: bool = False) -> torch.Tensor:
+        """Forward over the packed prompts; logits at each prompt's last token (or at every token)."""
+        ids, pos, slots, cu = [], [], [], [0]
         for s in seqs:
             n = len(s.prompt_ids)
             ids += s.prompt_ids
             pos += range(n)
             slots += [blocks.slot(s, i) for i in range(n)]
-        lens = [len(s.prompt_ids) for s in seqs]
-        cu = [0]
-        for n in lens:
             cu.append(cu[-1] + n)
-        ctx = ForwardContext(is_prefill=True, slot_mapping=self._tensor(slots),
-                             state_slots=self._tensor([s.state_slot for s in seqs]),
-                             seq_lens=lens, cu_seqlens=self._tensor(cu, torch.int32))
-        last = self._tensor([c - 1 for c in cu[1:]])
-        return self._tensor(ids), self._tensor(pos), ctx, last
+        up = lambda v, dt=torch.int64: torch.tensor(v, dtype=dt).to(self.device, non_blocking=True)  # noqa: E731
+        ctx = ForwardContext(is_prefill=True, slot_mapping=up(slots), state_slots=up([s.row for s in seqs]),
+                             seq_lens=[len(s.prompt_ids) for s in seqs], cu_seqlens=up(cu, torch.int32))
+        hidden = self.model(up(ids), up(pos), ctx)
+        return self.model.compute_logits(hidden if all_tokens else hidden[up([c - 1 for c in cu[1:]])])
 
-    def prepare_decode(self, seqs: list[Sequence], blocks: BlockManager):
-        width = max(len(s.block_table) for s in seqs)
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-        ctx = ForwardContext(is_prefill=False,
-                             slot_mapping=self._tensor([blocks.slot(s, s.num_tokens - 1) for s in seqs]),
-                             state_slots=self._tensor([s.state_slot for s in seqs]),
-                             block_tables=self._tensor(tables, torch.int32),
-                             context_lens=self._tensor([s.num_tokens for s in seqs], torch.int32),
-                             max_context_len=max(s.num_tokens for s in seqs))
-        return self._tensor([s.last_token for s in seqs]), self._tensor([s.num_tokens - 1 for s in seqs]), ctx
-
-    @torch.inference_mode()
-    def run(self, batch: Batch, blocks: BlockManager) -> torch.Tensor:
-        """Forward + sample; returns the next token of every sequence in the batch ([B], on device)."""
-        if batch.is_prefill:
-            ids, pos, ctx, last = self.prepare_prefill(batch.seqs, blocks)
-            hidden = self.model(ids, pos, ctx)[last]
-        else:
-            ids, pos, ctx = self.prepare_decode(batch.seqs, blocks)
-            hidden = self.model(ids, pos, ctx)
-        logits = self.model.compute_logits(hidden)
-        rows = [s.row for s in batch.seqs]
-        r = self._tensor(rows)
-        steps = self._tensor([len(s.output_ids) for s in batch.seqs])
-        return sample(logits, self.temperature[r], self.top_k[r], self.top_p[r], self.seeds[r], steps,
-                      any(self.uses_top_k[i] for i in rows), any(self.uses_top_p[i] for i in rows))
+    def _copy_out(self, seqs: list[Sequence], result: torch.Tensor) -> StepHandle:
+        if not self.cuda:
+            return StepHandle(seqs, result.clone(), None)
+        host = torch.empty(result.shape, dtype=torch.int64, pin_memory=True)
+        host.copy_(result, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return StepHandle(seqs, host, event)

@@ -60,6 +60,8 @@ class SamplingParams:
             raise InvalidInput(f"{FIELD}.top_k", f"must be -1, 0 (off) or > 0, got {self.top_k}")
         if any(s == "" for s in self.stop):
             raise InvalidInput(f"{FIELD}.stop", "stop strings must not be empty")
+        if len(self.stop_token_ids) > 8:
+            raise InvalidInput(f"{FIELD}.stop_token_ids", "at most 8 stop token ids")
         if any(t < 0 for t in self.stop_token_ids):
             raise InvalidInput(f"{FIELD}.stop_token_ids", "token ids must be >= 0")
 

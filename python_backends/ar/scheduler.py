@@ -1,5 +1,6 @@
 """Decides each step: prefill newly admitted prompts (packed together), else decode every running
-sequence. Sequences join at prefill and leave when finished: continuous batching."""
+sequence that still has tokens to sample. Sequences join at prefill and leave when finished:
+continuous batching."""
 from __future__ import annotations
 
 from collections import deque
@@ -46,9 +47,9 @@ class Scheduler:
         if admitted:
             self.running.extend(admitted)
             return Batch(True, admitted)
-        if self.running:
-            return Batch(False, list(self.running))
-        return None
+        # a sequence whose last token is already launched waits (unscheduled) for its results
+        decodable = [s for s in self.running if s.num_launched < s.params.max_tokens]
+        return Batch(False, decodable) if decodable else None
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is Status.FINISHED:

@@ -29,6 +29,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     state_slot: int = -1                     # recurrent-state slot (hybrid models), -1 = none
     row: int = -1                            # this sequence's row in the engine's per-slot tables
+    num_launched: int = 0                    # tokens whose sampling has been launched (ahead of output_ids)
 
     @property
     def num_tokens(self) -> int:
