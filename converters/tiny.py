@@ -106,3 +106,37 @@ def build(root: str | Path, names: list[str] | None = None) -> dict[str, Path]:
             stamp.write_text(VERSION)
         done[name] = out
     return done
+
+
+def synthetic_tokenizer(out: Path, vocab_size: int, specials: dict[str, int]):
+    """A byte-level tokenizer of any vocabulary size, for benchmarks of real-size shapes: ids 0-255
+    are the bytes (no merges, so every byte of a prompt is one token), named special tokens sit at
+    the ids given, every other id is a filler piece of letters."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    byte_chars = sorted(alphabet, key=lambda c: _byte_alphabet_index(c))
+    vocab = {c: i for i, c in enumerate(byte_chars)}
+    vocab.update(specials)
+    taken = set(specials.values())
+    for i in range(len(byte_chars), vocab_size):
+        if i not in taken:
+            vocab[f"t{i:x}"] = i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    from tokenizers import AddedToken
+
+    for name, tid in sorted(specials.items(), key=lambda kv: kv[1]):
+        tok.add_special_tokens([AddedToken(name, special=True)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(str(out))
+    return fast
+
+
+def _byte_alphabet_index(char: str) -> int:
+    from python_backends.text.tokenizer import _byte_alphabet
+
+    return _byte_alphabet()[char]

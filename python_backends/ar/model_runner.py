@@ -76,6 +76,9 @@ class ModelRunner:
         self._rows_key: tuple[int, ...] = ()
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self.graph_pool = None
+        # two pinned result buffers, alternating: the engine reads one while the next step fills the other
+        self.host_out = [torch.empty((2, self.max_batch), dtype=torch.int64, pin_memory=self.cuda) for _ in range(2)]
+        self._next_host = 0
 
     # -- caches -------------------------------------------------------------------------------
     def _kv_bytes_per_block(self) -> int:
@@ -197,7 +200,7 @@ class ModelRunner:
         if key != self._rows_key:                          # upload rows only when the batch changed
             rows = torch.full((bs,), self.scratch, dtype=torch.int64)
             rows[:n] = torch.tensor(key, dtype=torch.int64)
-            self.rows[:bs].copy_(rows.pin_memory() if self.cuda else rows, non_blocking=True)
+            self.rows[:bs].copy_(rows)                     # pageable source: safe to drop at once
             self._rows_key = key
         variant = self.variant(seqs)
         if bucket is not None:
@@ -233,7 +236,8 @@ class ModelRunner:
     def _copy_out(self, seqs: list[Sequence], result: torch.Tensor) -> StepHandle:
         if not self.cuda:
             return StepHandle(seqs, result.clone(), None)
-        host = torch.empty(result.shape, dtype=torch.int64, pin_memory=True)
+        host = self.host_out[self._next_host][:, :result.shape[1]]
+        self._next_host ^= 1
         host.copy_(result, non_blocking=True)
         event = torch.cuda.Event()
         event.record()

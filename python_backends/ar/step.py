@@ -48,6 +48,7 @@ class ARParams:
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     enforce_eager: bool = False
     use_triton_kernels: bool = True
+    load_format: str = "auto"          # "dummy": random weights from config.json (benchmarks)
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.max_num_seqs, self.max_model_len, self.max_num_batched_tokens, self.block_size,
@@ -86,8 +87,10 @@ def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, obje
     """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks)."""
     if params.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {params.dtype!r}")
+    if params.load_format not in ("auto", "dummy"):
+        raise ValueError(f"load_format must be 'auto' or 'dummy', got {params.load_format!r}")
     tokenizer = load_tokenizer(folder)
-    model = load_causal_lm(folder, device, DTYPES[params.dtype])
+    model = load_causal_lm(folder, device, DTYPES[params.dtype], dummy=params.load_format == "dummy")
     if torch.device(device).type == "cuda" and params.use_triton_kernels:
         from kernels import dispatch
 
@@ -95,6 +98,8 @@ def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, obje
     vocab = model.config.vocab_size
     engine = LLMEngine(model, params.engine_config(), device, DTYPES[params.dtype],
                        eos_token_ids(folder, tokenizer), vocab)
+    if engine.runner.use_graphs:
+        engine.runner.capture_graphs()
     return engine, tokenizer
 
 

@@ -26,12 +26,22 @@ def text_config(folder: str | Path):
     return getattr(config, "text_config", None) or config, config.model_type
 
 
-def load_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.dtype) -> nn.Module:
+def load_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.dtype,
+                   dummy: bool = False) -> nn.Module:
+    """The model for a checkpoint folder. `dummy`: random weights from config.json alone (for
+    benchmarks of real-size shapes without their weights)."""
     config, model_type = text_config(folder)
     if model_type not in MODELS:
         raise ValueError(f"{folder}: model_type {model_type!r} is not supported; supported: {sorted(MODELS)}")
     module, name = MODELS[model_type]
     with torch.device(device):
         model = getattr(importlib.import_module(module), name)(config)
-    load_weights(model, folder)
-    return model.to(dtype=dtype).eval()
+    if dummy:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.normal_(0.0, 0.02) if not n.endswith("norm.weight") else p.fill_(1.0)
+    else:
+        load_weights(model, folder)
+    for p in model.parameters():          # parameters to the model dtype; rotary tables stay fp32
+        p.data = p.data.to(dtype)
+    return model.eval()

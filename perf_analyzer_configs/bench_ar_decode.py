@@ -1,0 +1,347 @@
+"""AR decode benchmark: our engine in-process, the same engine behind tritonserver (gRPC streams
+through the model's front, the path users take), and Hugging Face transformers `generate` with a
+static cache, on real-size shapes with random bf16 weights, in one run on one GPU.
+
+    python perf_analyzer_configs/bench_ar_decode.py                  # on the GPU machine
+    python perf_analyzer_configs/bench_ar_decode.py --smoke          # tiny shape on the CPU (checks the script)
+
+Fixed prompt length (512) and output length (256, EOS ignored), greedy. Writes
+perf_analyzer_configs/results/ar_decode.json (raw numbers, command, GPU, versions) and ar_decode.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import platform
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+QWEN3_COMMON = dict(vocab_size=151936, head_dim=128, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                    max_position_embeddings=40960, rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645)
+SHAPES = {   # from the released config.json files
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, tie_word_embeddings=True, **QWEN3_COMMON),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, tie_word_embeddings=False, **QWEN3_COMMON),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, **{**QWEN3_COMMON, "vocab_size": 2048, "head_dim": 16,
+                                           "bos_token_id": 2040, "eos_token_id": 2042}, tie_word_embeddings=True),
+}
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def write_checkpoint(name: str, root: Path) -> Path:
+    """config.json (real shape) + a tokenizer of the real vocabulary size; no weights (dummy load)."""
+    from transformers import Qwen3Config
+
+    from converters.tiny import synthetic_tokenizer
+
+    folder = root / name
+    if (folder / "config.json").exists():
+        return folder
+    shape = SHAPES[name]
+    Qwen3Config(**shape).save_pretrained(str(folder))
+    bos = shape["bos_token_id"]
+    synthetic_tokenizer(folder, shape["vocab_size"], {s: bos + i for i, s in enumerate(SPECIALS)})
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [shape["eos_token_id"]]}))
+    return folder
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def summarize(kind, name, c, wall, per_request, output_len):
+    ttft = [r["ttft"] for r in per_request]
+    tpot = [r["tpot"] for r in per_request]
+    return {"model": name, "mode": kind, "concurrency": c, "output_tokens": c * output_len, "wall_s": wall,
+            "tokens_per_s": c * output_len / wall, "ttft_ms_p50": 1e3 * statistics.median(ttft),
+            "ttft_ms_p90": 1e3 * percentile(ttft, 0.9), "tpot_ms_p50": 1e3 * statistics.median(tpot),
+            "tpot_ms_p90": 1e3 * percentile(tpot, 0.9)}
+
+
+def prompts(c, prompt_len, vocab, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(256, vocab - 1000) for _ in range(prompt_len)] for _ in range(c)]
+
+
+# --- our engine, in-process ----------------------------------------------------------------------
+def bench_inprocess(name, folder, args, device):
+    from python_backends.ar.engine import EngineThread
+    from python_backends.ar.sampling import SamplingParams
+    from python_backends.ar.step import ARParams, build_engine
+
+    params = ARParams(dtype=args.dtype, max_num_seqs=max(args.concurrency), max_model_len=args.prompt_len + args.output_len + 16,
+                      max_num_batched_tokens=max(args.concurrency) * args.prompt_len, load_format="dummy",
+                      enforce_eager=args.eager)
+    t = time.monotonic()
+    engine, _ = build_engine(folder, params, device)
+    setup_s = time.monotonic() - t
+    loop = EngineThread(engine)
+    vocab = engine.vocab_size
+    sp = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+
+    def run(c, seed):
+        done = threading.Event()
+        stamps: dict[int, list[float]] = {}
+        finished = [0]
+
+        def on_output(seq, new, reason):
+            if new:
+                stamps.setdefault(seq.seq_id, []).append(time.perf_counter())
+            if reason is not None:
+                finished[0] += 1
+                if finished[0] == c:
+                    done.set()
+
+        t0 = time.perf_counter()
+        for p in prompts(c, args.prompt_len, vocab, seed):
+            engine.add(p, sp, on_output)
+        assert done.wait(600), "in-process run did not finish"
+        wall = time.perf_counter() - t0
+        per = [{"ttft": s[0] - t0, "tpot": (s[-1] - s[0]) / max(len(s) - 1, 1)} for s in stamps.values()]
+        assert all(len(s) == args.output_len for s in stamps.values())
+        return wall, per
+
+    run(1, 99)                                  # warm-up: kernels compiled, graphs replayed once
+    run(max(args.concurrency), 98)
+    rows = []
+    for c in args.concurrency:
+        wall, per = run(c, c)
+        rows.append(summarize("ours in-process", name, c, wall, per, args.output_len))
+        print(json.dumps(rows[-1]), flush=True)
+    rows[0]["setup_s"] = setup_s
+    rows[0]["cuda_graphs"] = engine.runner.use_graphs
+    loop.stop()
+    del engine, loop
+    gc.collect()
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return rows
+
+
+# --- our engine behind tritonserver --------------------------------------------------------------
+def bench_server(name, folder, args, target):
+    from client import ChatClient
+    from converters.__main__ import load_configs
+    from converters.generate import write_repository
+    from launcher import TritonServer
+
+    c_max = max(args.concurrency)
+    overrides = [f"qwen3_chat.ar.{k}={v}" for k, v in {
+        "load_format": "dummy", "max_num_seqs": c_max, "dtype": args.dtype, "enforce_eager": str(args.eager).lower(),
+        "max_num_batched_tokens": c_max * args.prompt_len}.items()]
+    overrides.append(f"qwen3_chat.max_model_len={args.prompt_len + args.output_len + 16}")
+    repo = Path(args.workdir) / "model_repository"
+    write_repository(load_configs(["qwen3_chat"], [f"qwen3_chat={folder}"], overrides), repo, target)
+    log = Path(args.workdir) / f"tritonserver-{name}.log"
+    t = time.monotonic()
+    server = TritonServer(repo, models=["qwen3_chat"], log_path=log).start(timeout=900)
+    setup_s = time.monotonic() - t
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    sampling = {"max_tokens": args.output_len, "temperature": 0.0, "ignore_eos": True}
+
+    def one(prompt, t0):
+        stamps, tokens = [], 0
+        for chunk in ChatClient(server.grpc_url, timeout_s=600).stream("qwen3_chat", prompt=prompt, sampling=sampling):
+            if chunk.completion_tokens > tokens:
+                stamps.append(time.perf_counter())
+                tokens = chunk.completion_tokens
+        assert tokens == args.output_len, tokens
+        return {"ttft": stamps[0] - t0, "tpot": (stamps[-1] - stamps[0]) / (args.output_len - 1)}
+
+    def run(c):
+        texts = ["".join(rng.choice(letters) for _ in range(args.prompt_len)) for _ in range(c)]
+        results = [None] * c
+        t0 = time.perf_counter()
+
+        def worker(i):
+            results[i] = one(texts[i], t0)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(c)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return time.perf_counter() - t0, results
+
+    try:
+        run(1)
+        run(c_max)
+        rows = []
+        for c in args.concurrency:
+            wall, per = run(c)
+            rows.append(summarize("ours via tritonserver", name, c, wall, per, args.output_len))
+            print(json.dumps(rows[-1]), flush=True)
+        rows[0]["setup_s"] = setup_s
+        return rows
+    finally:
+        server.stop()
+
+
+# --- Hugging Face transformers -------------------------------------------------------------------
+def bench_hf(name, folder, args, device):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(folder))
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    vocab = config.vocab_size
+    rows = []
+
+    def gen(ids, n):
+        kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+                      attention_mask=torch.ones_like(ids))
+        if args.hf_cache == "static":
+            kwargs.update(cache_implementation="static", disable_compile=not args.hf_compile)
+        with torch.inference_mode():
+            out = model.generate(ids, **kwargs)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        return out
+
+    for c in args.concurrency:
+        ids = torch.tensor(prompts(c, args.prompt_len, vocab, c), device=device)
+        gen(ids, 4)                                              # warm-up (and compile, if asked)
+        t0 = time.perf_counter()
+        gen(ids, 1)
+        ttft = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = gen(ids, args.output_len)
+        wall = time.perf_counter() - t0
+        assert out.shape[1] == args.prompt_len + args.output_len
+        per = [{"ttft": ttft, "tpot": (wall - ttft) / (args.output_len - 1)}] * c
+        label = f"transformers generate ({args.hf_cache} cache{', compiled' if args.hf_compile else ''})"
+        rows.append(summarize(label, name, c, wall, per, args.output_len))
+        print(json.dumps(rows[-1]), flush=True)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return rows
+
+
+# --- roofline ------------------------------------------------------------------------------------
+def copy_bandwidth(device) -> float:
+    """Bytes moved per second (read + write) by a large device-to-device copy."""
+    if device == "cpu":
+        return float("nan")
+    x = torch.empty(2 << 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        y.copy_(x)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del x, y
+    torch.cuda.empty_cache()
+    return 2 * (2 << 30) / statistics.median(times)
+
+
+def decode_bytes_per_step(shape: dict, context: int, dtype_bytes: int = 2) -> float:
+    """Weights read by one decode step (embedding: one row; lm_head: whole) + KV read at `context`."""
+    h, i, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    q, kv, d, v = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"], shape["vocab_size"]
+    per_layer = h * d * (q + 2 * kv) + q * d * h + 3 * h * i + 2 * h + 2 * d
+    weights = layers * per_layer + h + v * h
+    kv_bytes = layers * 2 * kv * d * context
+    return (weights + kv_bytes) * dtype_bytes
+
+
+def write_results(rows, args, bandwidth, path_json: Path):
+    versions = {"torch": torch.__version__, "python": platform.python_version()}
+    for mod in ("transformers", "triton"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except ImportError:
+            pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+    roofline = {}
+    for name in args.models:
+        shape = SHAPES[name]
+        avg_context = args.prompt_len + args.output_len / 2
+        step_bytes = decode_bytes_per_step(shape, avg_context)
+        ideal = step_bytes / bandwidth if bandwidth == bandwidth else None
+        roofline[name] = {"bytes_per_step_c1": step_bytes, "ideal_tpot_ms_c1": ideal and 1e3 * ideal}
+        for r in rows:
+            if r["model"] == name and r["concurrency"] == 1 and ideal:
+                r["roofline_share_c1"] = 1e3 * ideal / r["tpot_ms_p50"]
+    data = {"command": "python " + " ".join(sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "gpu": gpu, "versions": versions, "copy_bandwidth_GBps": bandwidth / 1e9,
+            "prompt_len": args.prompt_len, "output_len": args.output_len, "dtype": args.dtype,
+            "roofline": roofline, "results": rows}
+    path_json.parent.mkdir(parents=True, exist_ok=True)
+    path_json.write_text(json.dumps(data, indent=2))
+    lines = [f"# AR decode benchmark ({gpu})", "",
+             f"Command: `{data['command']}` ({data['date']}; torch {versions['torch']}, "
+             f"transformers {versions.get('transformers')}, triton {versions.get('triton')}).",
+             f"Prompt {args.prompt_len} tokens, {args.output_len} output tokens (EOS ignored), greedy, {args.dtype}, "
+             f"random weights. Copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write).", "",
+             "| model | mode | concurrency | tokens/s | TPOT p50 ms | TTFT p50 ms | roofline share (c=1) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        share = f"{100 * r['roofline_share_c1']:.0f}%" if "roofline_share_c1" in r else ""
+        lines.append(f"| {r['model']} | {r['mode']} | {r['concurrency']} | {r['tokens_per_s']:.0f} | "
+                     f"{r['tpot_ms_p50']:.2f} | {r['ttft_ms_p50']:.1f} | {share} |")
+    lines += ["", "Roofline: (weight bytes + KV bytes at the mean context) per step / measured copy bandwidth: "
+              + ", ".join(f"{k} {v['ideal_tpot_ms_c1']:.2f} ms" for k, v in roofline.items() if v["ideal_tpot_ms_c1"])]
+    path_json.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(SHAPES))
+    ap.add_argument("--modes", nargs="+", default=["inprocess", "server", "hf"], choices=["inprocess", "server", "hf"])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32, 64])
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--hf-cache", default="static", choices=["static", "dynamic"])
+    ap.add_argument("--hf-compile", action="store_true", help="let transformers compile its static-cache decode")
+    ap.add_argument("--eager", action="store_true", help="our engine without CUDA graphs")
+    ap.add_argument("--workdir", default="/tmp/triton-omni-bench")
+    ap.add_argument("--out", type=Path, default=ROOT / "perf_analyzer_configs" / "results" / "ar_decode.json")
+    ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU, to check the script")
+    args = ap.parse_args()
+    if args.smoke:
+        args.models, args.concurrency, args.prompt_len, args.output_len = ["tiny"], [1, 2], 16, 8
+        args.dtype, args.hf_cache = "float32", "dynamic"
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    target = "gpu" if device != "cpu" else "cpu"
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    bandwidth = copy_bandwidth(device)
+    rows = []
+    for name in args.models:
+        folder = write_checkpoint(name, Path(args.workdir) / "checkpoints")
+        for mode in args.modes:
+            if mode == "inprocess":
+                rows += bench_inprocess(name, folder, args, device)
+            elif mode == "server":
+                rows += bench_server(name, folder, args, target)
+            else:
+                rows += bench_hf(name, folder, args, device)
+            write_results(rows, args, bandwidth, args.out)     # after every part: a timeout keeps what ran
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
