@@ -124,11 +124,29 @@ def bench_inprocess(name, folder, args, device):
         print(json.dumps(rows[-1]), flush=True)
     rows[0]["setup_s"] = setup_s
     rows[0]["cuda_graphs"] = engine.runner.use_graphs
+    if args.profile and torch.cuda.is_available():
+        profile_decode(engine, sp, args, Path(args.out).parent / f"profile-{name}.txt")
     loop.stop()
     del engine, loop
     gc.collect()
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return rows
+
+
+def profile_decode(engine, sp, args, path: Path) -> None:
+    """Kernel time of c=1 decode steps (what bounds time per output token at batch 1)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    done = threading.Event()
+    engine.add(prompts(1, args.prompt_len, engine.vocab_size, 7)[0], sp,
+               lambda seq, new, reason: done.set() if reason else None)
+    time.sleep(0.2)                                   # past prefill, into steady decode
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        time.sleep(0.05)
+    done.wait(600)
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    path.write_text(f"decode kernels in 50 ms of c=1 decoding: {len(events)}\n"
+                    + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
 
 
 # --- our engine behind tritonserver --------------------------------------------------------------
@@ -317,6 +335,7 @@ def main() -> int:
     ap.add_argument("--hf-cache", default="static", choices=["static", "dynamic"])
     ap.add_argument("--hf-compile", action="store_true", help="let transformers compile its static-cache decode")
     ap.add_argument("--eager", action="store_true", help="our engine without CUDA graphs")
+    ap.add_argument("--profile", action="store_true", help="write a kernel profile of c=1 decoding")
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench")
     ap.add_argument("--out", type=Path, default=ROOT / "perf_analyzer_configs" / "results" / "ar_decode.json")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU, to check the script")

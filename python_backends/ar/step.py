@@ -32,6 +32,7 @@ from python_backends.text.tokenizer import load_tokenizer, token_byte_table
 CONTEXT_TOKENS = 4          # already-sent tokens repeated in each response for the detokenizer
 CANCEL_CHECK_S = 0.1
 ABORT_MEMORY_S = 60.0
+CANCEL = "cancel"            # outbox message: the front asked to abort this reply
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -167,18 +168,40 @@ class ARDecode(Step):
     def _deliver_loop(self) -> None:
         last_check = time.monotonic()
         while not self._stop:
+            items = []
             try:
-                reply, new, reason = self.outbox.get(timeout=CANCEL_CHECK_S)
-                if not reply.done:
-                    self._deliver(reply, new, reason)
+                items.append(self.outbox.get(timeout=CANCEL_CHECK_S))
+                while True:                       # take everything queued: one response per reply
+                    items.append(self.outbox.get_nowait())
             except queue.Empty:
                 pass
+            try:
+                self._deliver_batch(items)
             except Exception as exc:  # noqa: BLE001 - one broken reply must not stop delivery
                 self.ctx.log(f"delivery failed: {exc!r}")
             if time.monotonic() - last_check >= CANCEL_CHECK_S:
                 last_check = time.monotonic()
                 self._check_cancelled()
                 self._publish_metrics()
+
+    def _deliver_batch(self, items) -> None:
+        """Engine outputs queued since the last round, merged per reply: when sending falls behind
+        the engine, a response carries several tokens instead of the backlog growing."""
+        merged: dict[_Reply, list] = {}
+        for reply, new, reason in items:
+            entry = merged.setdefault(reply, [[], None, False])
+            if reason == CANCEL:
+                entry[2] = True
+            else:
+                entry[0] += new or []
+                entry[1] = reason if reason is not None else entry[1]
+        for reply, (new, reason, cancel) in merged.items():
+            if reply.done:
+                continue
+            if cancel:
+                self._cancel(reply)
+            else:
+                self._deliver(reply, new, reason)
 
     def _deliver(self, reply: _Reply, new: list[int], reason: str | None) -> None:
         released, stop_hit = reply.tokens.push(new)
@@ -229,7 +252,8 @@ class ARDecode(Step):
 
     def _abort(self, request_id: str) -> None:
         """An abort sent by the model's front: the client of `request_id` cancelled. The request
-        may not have reached this step yet (still in pre): remember the id for a while."""
+        may not have reached this step yet (still in pre): remember the id for a while. The
+        cancellation itself runs on the delivery thread, which owns every reply."""
         now = time.monotonic()
         with self.live_lock:
             match = [r for r in self.live if r.request_id == request_id and not r.done]
@@ -237,7 +261,7 @@ class ARDecode(Step):
             if not match:
                 self.aborted[request_id] = now
         for reply in match:
-            self._cancel(reply)
+            self.outbox.put((reply, None, CANCEL))
 
     def _publish_metrics(self) -> None:
         s = self.engine.stats

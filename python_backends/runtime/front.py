@@ -21,6 +21,46 @@ CANCEL_CHECK_S = 0.1
 ABORT_INPUT = "abort_request_id"
 
 
+class _Stream:
+    """One client stream. Its lock orders the relay's sends against the watcher's cancellation
+    checks: asking Triton about a request whose final response is out crashes the server."""
+
+    def __init__(self, sender, pb):
+        self.sender, self.pb = sender, pb
+        self.lock = threading.Lock()
+        self.finished = False
+        self.cancelled = False
+
+    def send(self, response) -> None:
+        with self.lock:
+            if not (self.finished or self.cancelled):
+                self.sender.send(response)
+
+    def finish(self, response=None) -> None:
+        with self.lock:
+            if self.finished:
+                return
+            self.finished = True
+            try:
+                if response is not None and not self.cancelled:
+                    self.sender.send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                else:
+                    self.sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:  # noqa: BLE001 - the client is gone
+                pass
+
+    def check_cancelled(self) -> bool:
+        """True once, when the client has cancelled (then the relay stops forwarding)."""
+        with self.lock:
+            if self.finished or self.cancelled:
+                return False
+            try:
+                self.cancelled = self.sender.is_cancelled()
+            except Exception:  # noqa: BLE001
+                self.cancelled = True
+            return self.cancelled
+
+
 class StreamFront:
     def initialize(self, args: dict[str, str]) -> None:
         import triton_python_backend_utils as pb_utils
@@ -32,7 +72,7 @@ class StreamFront:
         self.abort_models = [m for m in params.get("abort_models", "").split(",") if m]
         self.output_names = [o["name"] for o in config["output"]]
         self.batched = int(config.get("max_batch_size", 0)) > 0
-        self.active: dict[str, tuple] = {}     # inner request id -> (sender, aborted flag holder)
+        self.active: dict[str, _Stream] = {}   # inner request id -> the client's stream
         self.lock = threading.Lock()
         self._stop = False
         self.watcher = threading.Thread(target=self._watch, name="front-cancel", daemon=True)
@@ -48,28 +88,23 @@ class StreamFront:
     def _relay(self, request, sender) -> None:
         pb = self.pb
         inner_id = uuid.uuid4().hex
-        state = [False]                         # set once the abort was sent
+        stream = _Stream(sender, pb)
         with self.lock:
-            self.active[inner_id] = (sender, state)
+            self.active[inner_id] = stream
         try:
             bls = pb.InferenceRequest(model_name=self.ensemble, inputs=request.inputs(),
                                       requested_output_names=self.output_names, request_id=inner_id)
             for response in bls.exec(decoupled=True):
                 if response.has_error():
-                    if not state[0]:
-                        sender.send(pb.InferenceResponse(error=response.error()), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    stream.finish(pb.InferenceResponse(error=response.error()))
                     return
                 tensors = response.output_tensors()
-                if tensors and not state[0]:
-                    sender.send(pb.InferenceResponse(output_tensors=tensors))
-            sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                if tensors:
+                    stream.send(pb.InferenceResponse(output_tensors=tensors))
+            stream.finish()
         except Exception as exc:  # noqa: BLE001 - this request fails, the model keeps serving
             pb.Logger.log_error(f"{self.ensemble}: relay failed: {exc!r}")
-            try:
-                sender.send(pb.InferenceResponse(error=pb.TritonError(f"relay failed: {exc}")),
-                            flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Exception:  # noqa: BLE001 - the client is gone
-                pass
+            stream.finish(pb.InferenceResponse(error=pb.TritonError(f"relay failed: {exc}")))
         finally:
             with self.lock:
                 self.active.pop(inner_id, None)
@@ -79,15 +114,8 @@ class StreamFront:
             time.sleep(CANCEL_CHECK_S)
             with self.lock:
                 items = list(self.active.items())
-            for inner_id, (sender, state) in items:
-                if state[0]:
-                    continue
-                try:
-                    cancelled = sender.is_cancelled()
-                except Exception:  # noqa: BLE001
-                    cancelled = True
-                if cancelled:
-                    state[0] = True
+            for inner_id, stream in items:
+                if stream.check_cancelled():
                     self._abort(inner_id)
 
     def _abort(self, inner_id: str) -> None:

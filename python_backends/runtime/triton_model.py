@@ -59,10 +59,15 @@ class _TritonSink(ResponseSink):
                              flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def is_cancelled(self) -> bool:
-        try:
-            return self.sender.is_cancelled()
-        except Exception:  # noqa: BLE001 - a closed stream counts as cancelled
-            return True
+        # Under the lock: asking Triton about a request whose final response went out crashes the
+        # server (its response factory is gone), so a finished sink never asks.
+        with self.lock:
+            if self.done:
+                return False
+            try:
+                return self.sender.is_cancelled()
+            except Exception:  # noqa: BLE001 - a closed stream counts as cancelled
+                return True
 
 
 class _Adapter:
