@@ -284,16 +284,20 @@ def decode_bytes_per_step(shape: dict, context: int, dtype_bytes: int = 2) -> fl
     return (weights + kv_bytes) * dtype_bytes
 
 
-def write_results(rows, args, bandwidth, path_json: Path):
-    versions = {"torch": torch.__version__, "python": platform.python_version()}
-    for mod in ("transformers", "triton"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except ImportError:
-            pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+def write_results(rows, args, bandwidth, path_json: Path, gpu=None, versions=None, date=None):
+    if versions is None:
+        versions = {"torch": torch.__version__, "python": platform.python_version()}
+        for mod in ("transformers", "triton"):
+            try:
+                versions[mod] = __import__(mod).__version__
+            except ImportError:
+                pass
+    gpu = gpu or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu")
+    command = "python " + " ".join(sys.argv)
+    for r in rows:
+        r.setdefault("command", command)
     roofline = {}
-    for name in args.models:
+    for name in sorted({r["model"] for r in rows}):
         shape = SHAPES[name]
         avg_context = args.prompt_len + args.output_len / 2
         step_bytes = decode_bytes_per_step(shape, avg_context)
@@ -302,15 +306,19 @@ def write_results(rows, args, bandwidth, path_json: Path):
         for r in rows:
             if r["model"] == name and r["concurrency"] == 1 and ideal:
                 r["roofline_share_c1"] = 1e3 * ideal / r["tpot_ms_p50"]
-    data = {"command": "python " + " ".join(sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    commands = list(dict.fromkeys(r["command"] for r in rows))
+    data = {"commands": commands, "date": date or datetime.datetime.now().isoformat(timespec="seconds"),
             "gpu": gpu, "versions": versions, "copy_bandwidth_GBps": bandwidth / 1e9,
             "prompt_len": args.prompt_len, "output_len": args.output_len, "dtype": args.dtype,
             "roofline": roofline, "results": rows}
+    data["notes"] = list(getattr(args, "note", None) or [])
     path_json.parent.mkdir(parents=True, exist_ok=True)
     path_json.write_text(json.dumps(data, indent=2))
     lines = [f"# AR decode benchmark ({gpu})", "",
-             f"Command: `{data['command']}` ({data['date']}; torch {versions['torch']}, "
-             f"transformers {versions.get('transformers')}, triton {versions.get('triton')}).",
+             f"{data['date']}; torch {versions['torch']}, transformers {versions.get('transformers')}, "
+             f"triton {versions.get('triton')}. Made by (each row names its command in the JSON):", ""]
+    lines += [f"    {c}" for c in commands]
+    lines += ["",
              f"Prompt {args.prompt_len} tokens, {args.output_len} output tokens (EOS ignored), greedy, {args.dtype}, "
              f"random weights. Copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write).", "",
              "| model | mode | concurrency | tokens/s | TPOT p50 ms | TTFT p50 ms | roofline share (c=1) |",
@@ -321,6 +329,8 @@ def write_results(rows, args, bandwidth, path_json: Path):
                      f"{r['tpot_ms_p50']:.2f} | {r['ttft_ms_p50']:.1f} | {share} |")
     lines += ["", "Roofline: (weight bytes + KV bytes at the mean context) per step / measured copy bandwidth: "
               + ", ".join(f"{k} {v['ideal_tpot_ms_c1']:.2f} ms" for k, v in roofline.items() if v["ideal_tpot_ms_c1"])]
+    if data["notes"]:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in data["notes"]]
     path_json.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -339,7 +349,23 @@ def main() -> int:
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench")
     ap.add_argument("--out", type=Path, default=ROOT / "perf_analyzer_configs" / "results" / "ar_decode.json")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU, to check the script")
+    ap.add_argument("--merge", nargs="+", type=Path, help="combine the results of separate runs into --out")
+    ap.add_argument("--note", action="append", help="a note for the results table (with --merge)")
     args = ap.parse_args()
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        rows = []
+        for part in parts:
+            for r in part["results"]:
+                r.setdefault("command", part.get("command") or part["commands"][0])
+                rows = [x for x in rows if (x["model"], x["mode"], x["concurrency"]) !=
+                        (r["model"], r["mode"], r["concurrency"])] + [r]
+        first = parts[0]
+        args.prompt_len, args.output_len, args.dtype = first["prompt_len"], first["output_len"], first["dtype"]
+        write_results(rows, args, first["copy_bandwidth_GBps"] * 1e9, args.out, first["gpu"], first["versions"],
+                      max(p["date"] for p in parts))
+        print(args.out.with_suffix(".md").read_text())
+        return 0
     if args.smoke:
         args.models, args.concurrency, args.prompt_len, args.output_len = ["tiny"], [1, 2], 16, 8
         args.dtype, args.hf_cache = "float32", "dynamic"
