@@ -86,23 +86,35 @@ def qwen3_5(out: Path, tokenizer) -> None:
     model.save_pretrained(str(out))
 
 
-BUILDERS = {"qwen3": qwen3, "qwen3_5": qwen3_5}
+def _chat_builder(make):
+    """A chat checkpoint: the tiny tokenizer, the model, an EOS-aware generation config."""
+    def build(out: Path) -> None:
+        tokenizer = build_tokenizer(out)
+        make(out, tokenizer)
+        gen = {"eos_token_id": [tokenizer.eos_token_id, tokenizer.pad_token_id]}
+        (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return build
+
+
+def builders() -> dict:
+    from converters.tiny_image import BUILDERS as IMAGE
+    from converters.tiny_tts import BUILDERS as TTS
+
+    return {"qwen3": _chat_builder(qwen3), "qwen3_5": _chat_builder(qwen3_5), **TTS, **IMAGE}
 
 
 def build(root: str | Path, names: list[str] | None = None) -> dict[str, Path]:
     """Build (or reuse) tiny checkpoints under root/<name>; returns name -> folder."""
     root = Path(root)
+    table = builders()
     done = {}
-    for name in names or list(BUILDERS):
+    for name in names or list(table):
         out = root / name
         stamp = out / ".tiny-version"
         if not (stamp.exists() and stamp.read_text() == VERSION):
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
-            tokenizer = build_tokenizer(out)
-            BUILDERS[name](out, tokenizer)
-            gen = {"eos_token_id": [tokenizer.eos_token_id, tokenizer.pad_token_id]}
-            (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+            table[name](out)
             stamp.write_text(VERSION)
         done[name] = out
     return done

@@ -1,0 +1,1 @@
+"""Registers the image step classes (imported by python_backends/steps.py)."""
