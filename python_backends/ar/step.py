@@ -33,6 +33,7 @@ CONTEXT_TOKENS = 4          # already-sent tokens repeated in each response for 
 CANCEL_CHECK_S = 0.1
 ABORT_MEMORY_S = 60.0
 CANCEL = "cancel"            # outbox message: the front asked to abort this reply
+CANCEL_CHECKS_PER_ROUND = 8
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -70,6 +71,7 @@ class _Reply:
     n_released: int = 0
     done: bool = False
     request_id: str = ""
+    last_checked: float = 0.0        # when Triton was last asked whether it was cancelled
 
 
 def eos_token_ids(folder, tokenizer) -> list[int]:
@@ -244,9 +246,12 @@ class ARDecode(Step):
         self._send(reply, [], [], None, "cancelled")
 
     def _check_cancelled(self) -> None:
+        """Ask Triton about a few live requests per round (each question is a round trip to the
+        server), so a full batch is covered every few rounds without flooding the channel."""
         with self.live_lock:
-            live = list(self.live)
+            live = sorted(self.live, key=lambda r: r.last_checked)[:CANCEL_CHECKS_PER_ROUND]
         for reply in live:
+            reply.last_checked = time.monotonic()
             if not reply.done and reply.sink.is_cancelled():
                 self._cancel(reply)
 

@@ -18,6 +18,7 @@ import uuid
 import numpy as np
 
 CANCEL_CHECK_S = 0.1
+CHECKS_PER_ROUND = 8
 ABORT_INPUT = "abort_request_id"
 
 
@@ -30,6 +31,7 @@ class _Stream:
         self.lock = threading.Lock()
         self.finished = False
         self.cancelled = False
+        self.last_checked = 0.0
 
     def send(self, response) -> None:
         with self.lock:
@@ -52,6 +54,7 @@ class _Stream:
     def check_cancelled(self) -> bool:
         """True once, when the client has cancelled (then the relay stops forwarding)."""
         with self.lock:
+            self.last_checked = time.monotonic()
             if self.finished or self.cancelled:
                 return False
             try:
@@ -112,8 +115,8 @@ class StreamFront:
     def _watch(self) -> None:
         while not self._stop:
             time.sleep(CANCEL_CHECK_S)
-            with self.lock:
-                items = list(self.active.items())
+            with self.lock:       # a few streams per round: each question is a round trip
+                items = sorted(self.active.items(), key=lambda kv: kv[1].last_checked)[:CHECKS_PER_ROUND]
             for inner_id, stream in items:
                 if stream.check_cancelled():
                     self._abort(inner_id)
