@@ -27,31 +27,49 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-QWEN3_COMMON = dict(vocab_size=151936, head_dim=128, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                    max_position_embeddings=40960, rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645)
-SHAPES = {   # from the released config.json files
+QWEN3_COMMON = dict(model_type="qwen3", vocab_size=151936, head_dim=128, max_position_embeddings=40960,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+                    bos_token_id=151643, eos_token_id=151645)
+QWEN3_5_COMMON = dict(model_type="qwen3_5_text", vocab_size=248320, head_dim=256, max_position_embeddings=262144,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                       "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+                      rms_norm_eps=1e-6, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                      bos_token_id=248043, eos_token_id=248044)
+SHAPES = {   # the released config.json files (Qwen3.5: the text_config of the multimodal checkpoints)
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, tie_word_embeddings=True, **QWEN3_COMMON),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, tie_word_embeddings=False, **QWEN3_COMMON),
+    "qwen3.5-0.8b": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
+                         num_key_value_heads=2, linear_num_key_heads=16, linear_num_value_heads=16,
+                         tie_word_embeddings=True, **QWEN3_5_COMMON),
+    "qwen3.5-9b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=16,
+                       num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=32,
+                       tie_word_embeddings=False, **QWEN3_5_COMMON),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, **{**QWEN3_COMMON, "vocab_size": 2048, "head_dim": 16,
                                            "bos_token_id": 2040, "eos_token_id": 2042}, tie_word_embeddings=True),
+    "tiny3.5": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4, tie_word_embeddings=True,
+                    **{**QWEN3_5_COMMON, "vocab_size": 2048, "head_dim": 32, "linear_key_head_dim": 16,
+                       "linear_value_head_dim": 16, "bos_token_id": 2040, "eos_token_id": 2042}),
 }
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def write_checkpoint(name: str, root: Path) -> Path:
     """config.json (real shape) + a tokenizer of the real vocabulary size; no weights (dummy load)."""
-    from transformers import Qwen3Config
+    from transformers import Qwen3_5TextConfig, Qwen3Config
 
     from converters.tiny import synthetic_tokenizer
 
     folder = root / name
     if (folder / "config.json").exists():
         return folder
+    shape = dict(SHAPES[name])
+    config_cls = {"qwen3": Qwen3Config, "qwen3_5_text": Qwen3_5TextConfig}[shape.pop("model_type")]
+    config_cls(**shape).save_pretrained(str(folder))
     shape = SHAPES[name]
-    Qwen3Config(**shape).save_pretrained(str(folder))
     bos = shape["bos_token_id"]
     synthetic_tokenizer(folder, shape["vocab_size"], {s: bos + i for i, s in enumerate(SPECIALS)})
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [shape["eos_token_id"]]}))
@@ -274,14 +292,34 @@ def copy_bandwidth(device) -> float:
     return 2 * (2 << 30) / statistics.median(times)
 
 
-def decode_bytes_per_step(shape: dict, context: int, dtype_bytes: int = 2) -> float:
-    """Weights read by one decode step (embedding: one row; lm_head: whole) + KV read at `context`."""
-    h, i, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
-    q, kv, d, v = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"], shape["vocab_size"]
-    per_layer = h * d * (q + 2 * kv) + q * d * h + 3 * h * i + 2 * h + 2 * d
-    weights = layers * per_layer + h + v * h
-    kv_bytes = layers * 2 * kv * d * context
-    return (weights + kv_bytes) * dtype_bytes
+def decode_bytes_per_step(folder: Path, context: float, dtype_bytes: int = 2) -> float:
+    """Bytes one batch-1 decode step must move: every weight once (the embedding table only as the
+    lm_head when tied, else one row), K/V of the full-attention layers at `context`, and the fp32
+    recurrent state of the linear-attention layers read and written. Counted on our own model
+    class built on the meta device, so it is the model the engine actually runs."""
+    from python_backends.models.context import AttentionCacheSpec, RecurrentStateSpec
+    from python_backends.models.registry import MODELS, text_config
+
+    config, model_type = text_config(folder)
+    module, cls = MODELS[model_type]
+    with torch.device("meta"):
+        model = getattr(__import__(module, fromlist=[cls]), cls)(config)
+    params = {id(p): p.numel() for p in model.parameters()}
+    weights = sum(params.values())
+    if not config.tie_word_embeddings:
+        weights -= model.model.embed_tokens.weight.numel() - config.hidden_size
+    total = weights * dtype_bytes
+    for m in model.modules():
+        if hasattr(m, "cache_spec"):
+            spec = m.cache_spec()
+            if isinstance(spec, AttentionCacheSpec):
+                total += 2 * spec.num_kv_heads * spec.head_dim * context * dtype_bytes
+            elif isinstance(spec, RecurrentStateSpec):
+                n = 1
+                for x in spec.state_shape:
+                    n *= x
+                total += 2 * 4 * n
+    return total
 
 
 def write_results(rows, args, bandwidth, path_json: Path, gpu=None, versions=None, date=None):
@@ -298,9 +336,8 @@ def write_results(rows, args, bandwidth, path_json: Path, gpu=None, versions=Non
         r.setdefault("command", command)
     roofline = {}
     for name in sorted({r["model"] for r in rows}):
-        shape = SHAPES[name]
         avg_context = args.prompt_len + args.output_len / 2
-        step_bytes = decode_bytes_per_step(shape, avg_context)
+        step_bytes = decode_bytes_per_step(write_checkpoint(name, Path(args.workdir) / "checkpoints"), avg_context)
         ideal = step_bytes / bandwidth if bandwidth == bandwidth else None
         roofline[name] = {"bytes_per_step_c1": step_bytes, "ideal_tpot_ms_c1": ideal and 1e3 * ideal}
         for r in rows:
@@ -336,7 +373,8 @@ def write_results(rows, args, bandwidth, path_json: Path, gpu=None, versions=Non
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(SHAPES))
+    ap.add_argument("--models", nargs="+", default=["qwen3-0.6b", "qwen3-8b", "qwen3.5-0.8b", "qwen3.5-9b"],
+                    choices=sorted(SHAPES))
     ap.add_argument("--modes", nargs="+", default=["inprocess", "server", "hf"], choices=["inprocess", "server", "hf"])
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32, 64])
     ap.add_argument("--prompt-len", type=int, default=512)
