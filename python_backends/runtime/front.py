@@ -95,8 +95,11 @@ class StreamFront:
         with self.lock:
             self.active[inner_id] = stream
         try:
+            # the relay only forwards bytes: keep the ensemble's outputs in CPU memory (on a GPU
+            # server they could otherwise come back through the limited CUDA memory pool)
             bls = pb.InferenceRequest(model_name=self.ensemble, inputs=request.inputs(),
-                                      requested_output_names=self.output_names, request_id=inner_id)
+                                      requested_output_names=self.output_names, request_id=inner_id,
+                                      preferred_memory=pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0))
             for response in bls.exec(decoupled=True):
                 if response.has_error():
                     stream.finish(pb.InferenceResponse(error=response.error()))
