@@ -23,7 +23,12 @@ def text_config(folder: str | Path):
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    return getattr(config, "text_config", None) or config, config.model_type
+    text = getattr(config, "text_config", None)
+    if text is None:
+        return config, config.model_type
+    # a multimodal checkpoint ties its lm_head by the top-level flag, as transformers does
+    text.tie_word_embeddings = getattr(config, "tie_word_embeddings", text.tie_word_embeddings)
+    return text, config.model_type
 
 
 def load_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.dtype,
