@@ -100,6 +100,7 @@ def _io(msg_cls, spec: TensorSpec, with_flags: bool):
 
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+FORCE_CPU_ONLY = "FORCE_CPU_ONLY_INPUT_TENSORS"     # a python-backend setting, not a step parameter
 
 
 def _locate(value: str, out: Path) -> str:
@@ -126,6 +127,9 @@ def step_config(cfg: EnsembleConfig, step: StepConfig, target: str, out: Path) -
         m.dynamic_batching.preferred_batch_size.extend(step.batching.preferred_batch_sizes)
     for k, v in sorted(cfg.resolved_parameters(step, target).items()):
         m.parameters[k].string_value = _locate(v, out) if k == "checkpoint" else v
+    if kind == mc.ModelInstanceGroup.KIND_GPU:
+        # let GPU steps receive GPU tensors from GPU steps (the python backend copies to host by default)
+        m.parameters[FORCE_CPU_ONLY].string_value = "no"
     return m
 
 

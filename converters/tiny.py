@@ -6,8 +6,11 @@ has. Weights are random (seeded): the models load and run like the real ones but
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -103,6 +106,12 @@ def builders() -> dict:
     return {"qwen3": _chat_builder(qwen3), "qwen3_5": _chat_builder(qwen3_5), **TTS, **IMAGE}
 
 
+def _stamp(builder) -> str:
+    """Changes whenever the module that defines the builder changes: its checkpoints are rebuilt."""
+    source = inspect.getsource(sys.modules[builder.__module__])
+    return VERSION + "-" + hashlib.sha1(source.encode()).hexdigest()[:12]
+
+
 def build(root: str | Path, names: list[str] | None = None) -> dict[str, Path]:
     """Build (or reuse) tiny checkpoints under root/<name>; returns name -> folder."""
     root = Path(root)
@@ -111,11 +120,11 @@ def build(root: str | Path, names: list[str] | None = None) -> dict[str, Path]:
     for name in names or list(table):
         out = root / name
         stamp = out / ".tiny-version"
-        if not (stamp.exists() and stamp.read_text() == VERSION):
+        if not (stamp.exists() and stamp.read_text() == _stamp(table[name])):
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
             table[name](out)
-            stamp.write_text(VERSION)
+            stamp.write_text(_stamp(table[name]))
         done[name] = out
     return done
 

@@ -54,9 +54,11 @@ class StepContext:
     def checkpoint(self, value: str) -> Path:
         """A checkpoint folder from a parameter; a clear error if it is not there."""
         p = self.path(value)
-        if not value or not (p / "config.json").exists() and not (p / "tokenizer_config.json").exists():
+        markers = ("config.json", "tokenizer_config.json", "model_index.json")   # transformers / diffusers
+        if not value or not any((p / m).exists() for m in markers):
             raise FileNotFoundError(f"{self.model_name}: checkpoint folder {str(p)!r} (parameter 'checkpoint') "
-                                    "has no config.json; build it or pass --checkpoint NAME=DIR to the converter")
+                                    f"has none of {', '.join(markers)}; build it or pass --checkpoint NAME=DIR "
+                                    "to the converter")
         return p
 
 

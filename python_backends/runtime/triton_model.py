@@ -79,7 +79,8 @@ class _Adapter:
         self.pb_utils = pb_utils
         config = json.loads(args["model_config"])
         self.batched = int(config.get("max_batch_size", 0)) > 0
-        raw = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        # upper-case keys are python-backend settings (FORCE_CPU_ONLY_INPUT_TENSORS), not step parameters
+        raw = {k: v["string_value"] for k, v in config.get("parameters", {}).items() if not k.isupper()}
         params = parse_params(self.step_cls.Params, raw)
         gpu = args.get("model_instance_kind") == "GPU"
         device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"

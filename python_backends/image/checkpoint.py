@@ -1,0 +1,76 @@
+"""A diffusers pipeline folder (model_index.json + one subfolder per component) and its parts.
+
+Each step loads only the components it runs, with the classes model_index.json names, exactly as
+`DiffusionPipeline.from_pretrained` would: the text encoder step never holds the transformer.
+Nothing here downloads; the folder must be complete.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from python_backends.runtime.step import StepContext
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def pipeline_folder(ctx: StepContext, value: str) -> Path:
+    """The checkpoint parameter as a folder that holds a diffusers pipeline; a clear error if not."""
+    folder = ctx.path(value) if value else None
+    if folder is None or not (folder / "model_index.json").exists():
+        raise FileNotFoundError(f"{ctx.model_name}: checkpoint folder {str(folder)!r} (parameter 'checkpoint') has "
+                                "no model_index.json; build it (`python -m converters tiny`) or pass "
+                                "--checkpoint NAME=DIR with a downloaded diffusers pipeline folder")
+    return folder
+
+
+def model_index(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "model_index.json").read_text())
+
+
+def component_config(folder: Path, name: str) -> dict[str, Any]:
+    """A component's config.json (scheduler: scheduler_config.json), read without loading weights."""
+    sub = folder / name
+    path = sub / "config.json" if (sub / "config.json").exists() else sub / "scheduler_config.json"
+    return json.loads(path.read_text())
+
+
+def vae_scale_factor(folder: Path) -> int:
+    """Pixels per latent cell: 2 ** (VAE blocks - 1), as the pipelines compute it."""
+    return 2 ** (len(component_config(folder, "vae")["block_out_channels"]) - 1)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if name not in DTYPES:
+        raise ValueError(f"parameter 'dtype': expected one of {', '.join(DTYPES)}, got {name!r}")
+    return getattr(torch, name)
+
+
+def load_component(folder: Path, name: str, dtype: str = "float32", device: str = "cpu"):
+    """Load one component with the class model_index.json gives it, in eval mode on `device`."""
+    library, class_name = model_index(folder)[name]
+    cls = getattr(importlib.import_module(library), class_name)
+    path = str(folder / name)
+    if library == "transformers":
+        model = cls.from_pretrained(path, dtype=torch_dtype(dtype), local_files_only=True)
+    else:
+        model = cls.from_pretrained(path, torch_dtype=torch_dtype(dtype), low_cpu_mem_usage=False,
+                                    local_files_only=True)
+    return model.to(device).eval()
+
+
+def load_scheduler(folder: Path):
+    """The scheduler, from its config (it has no weights)."""
+    library, class_name = model_index(folder)["scheduler"]
+    cls = getattr(importlib.import_module(library), class_name)
+    return cls.from_pretrained(str(folder / "scheduler"), local_files_only=True)
+
+
+def load_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder / "tokenizer"), local_files_only=True)

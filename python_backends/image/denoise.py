@@ -1,0 +1,154 @@
+"""The batched denoise step shared by the image models: requests in, final latents out.
+
+One execute gets whatever Triton's dynamic batcher collected. Requests whose latents have the same
+shape and whose schedules have the same length run together in one loop: each model call carries
+every image of every request in the group (n per request) plus, only for requests that use
+classifier-free guidance, their unconditional branch. Requests of other sizes form their own
+groups, run one after the other in the same execute.
+
+A model subclass says what the noise looks like (`latent_shape`) and runs the loop (`run`); the
+schedule is computed on the host once per (steps, size), staged on the device, and indexed there,
+so the loop itself never waits for the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable
+
+import torch
+
+from python_backends.image.checkpoint import load_component, load_scheduler, pipeline_folder, vae_scale_factor
+from python_backends.image.tensors import group_by, to_output, to_torch
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.spec import TensorSpec
+from python_backends.runtime.step import Request, Step, StepContext
+
+
+@dataclass
+class DenoiseParams:
+    checkpoint: str = ""
+    dtype: str = "float32"
+
+
+@dataclass
+class Job:
+    """One request in the denoise step."""
+
+    slot: int                              # its place in the execute batch
+    prompt: torch.Tensor                   # [L, D] text embeddings, on the device
+    negative: torch.Tensor | None          # [L', D]; None: no unconditional branch
+    width: int
+    height: int
+    steps: int
+    guidance: float
+    seed: int
+    n: int
+
+
+@dataclass
+class Guidance:
+    """Which image rows of a group also run unconditionally, and their scales (on the device)."""
+
+    rows: torch.Tensor | None              # [R] long: rows that have a negative branch; None: no row has
+    scale: torch.Tensor | None             # [R] float32
+    negatives: list[torch.Tensor]          # per such row, its negative embeddings
+
+
+class DenoiseStep(Step):
+    inputs = (
+        TensorSpec("prompt_embeds", "TYPE_FP32", (-1, -1), ragged=True),
+        TensorSpec("negative_embeds", "TYPE_FP32", (-1, -1), ragged=True),
+        TensorSpec("width", "TYPE_INT32", (1,)),
+        TensorSpec("height", "TYPE_INT32", (1,)),
+        TensorSpec("num_inference_steps", "TYPE_INT32", (1,)),
+        TensorSpec("guidance_scale", "TYPE_FP32", (1,)),
+        TensorSpec("seed", "TYPE_INT64", (1,)),
+        TensorSpec("n", "TYPE_INT32", (1,)),
+    )
+    outputs = (TensorSpec("latents", "TYPE_FP32", (-1, -1, -1, -1)),)   # [n, C, h, w] per request
+    Params = DenoiseParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        self.device = ctx.device
+        self.folder = pipeline_folder(ctx, self.params.checkpoint)
+        self.transformer = load_component(self.folder, "transformer", self.params.dtype, self.device)
+        self.dtype = self.transformer.dtype
+        self.scheduler = load_scheduler(self.folder)
+        if getattr(self.scheduler.config, "stochastic_sampling", False):
+            raise ValueError(f"{ctx.model_name}: stochastic flow-match sampling is not supported")
+        self.vae_scale = vae_scale_factor(self.folder)
+        self._schedules: dict[Hashable, tuple] = {}
+
+    # -- what a model says ----------------------------------------------------------------------
+    def latent_shape(self, job: Job) -> tuple[int, ...]:
+        """The shape of one image's initial noise, as the pipeline's `prepare_latents` draws it."""
+        raise NotImplementedError
+
+    def group_key(self, job: Job) -> Hashable:
+        return self.latent_shape(job), job.steps
+
+    def run(self, jobs: list[Job], noise: torch.Tensor) -> torch.Tensor:
+        """Denoise one group; returns the final latents, one row per image, in `noise`'s order."""
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------------
+    def initial_noise(self, jobs: list[Job]) -> torch.Tensor:
+        # One CPU generator per request, seeded with its seed, drawing its n images at once: the
+        # numbers the pipeline draws with `generator=torch.Generator().manual_seed(seed)`,
+        # whichever requests share the batch and whichever device runs the model.
+        draws = [torch.randn((j.n, *self.latent_shape(j)), generator=torch.Generator().manual_seed(j.seed),
+                             dtype=torch.float32) for j in jobs]
+        return torch.cat(draws).to(self.device)
+
+    def guidance(self, jobs: list[Job]) -> Guidance:
+        rows, scales, negatives, row = [], [], [], 0
+        for j in jobs:
+            for _ in range(j.n):
+                if j.negative is not None:
+                    rows.append(row)
+                    scales.append(j.guidance)
+                    negatives.append(j.negative)
+                row += 1
+        if not rows:
+            return Guidance(None, None, [])
+        return Guidance(torch.tensor(rows, device=self.device), torch.tensor(scales, device=self.device), negatives)
+
+    def staged_schedule(self, key: Hashable, make) -> tuple:
+        """A schedule computed once on the host by `make()` and kept on the device."""
+        if key not in self._schedules:
+            self._schedules[key] = make()
+        return self._schedules[key]
+
+    def job(self, slot: int, req: Request) -> Job:
+        prompt = req.get("prompt_embeds")
+        negative = req.get("negative_embeds")
+        if prompt is None or prompt.shape[0] == 0:
+            raise InvalidInput("prompt_embeds", "no prompt embeddings")
+        steps, n = int(req.scalar("num_inference_steps")), int(req.scalar("n"))
+        if steps < 1 or n < 1:
+            raise InvalidInput("num_inference_steps" if steps < 1 else "n", "must be > 0")
+        has_negative = negative is not None and negative.shape[0] > 0
+        return Job(slot=slot, prompt=to_torch(prompt, self.device, self.dtype),
+                   negative=to_torch(negative, self.device, self.dtype) if has_negative else None,
+                   width=int(req.scalar("width")), height=int(req.scalar("height")), steps=steps,
+                   guidance=float(req.scalar("guidance_scale")), seed=int(req.scalar("seed")), n=n)
+
+    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
+        results: list[dict | BaseException | None] = [None] * len(requests)
+        jobs = []
+        for slot, req in enumerate(requests):
+            try:
+                jobs.append(self.job(slot, req))
+            except InvalidInput as exc:
+                results[slot] = exc
+        for group in group_by(jobs, self.group_key).values():
+            try:
+                with torch.inference_mode():
+                    latents = self.run(group, self.initial_noise(group))
+                for job, lat in zip(group, latents.split([j.n for j in group])):
+                    results[job.slot] = {"latents": to_output(lat.float())}
+            except Exception as exc:  # noqa: BLE001 - this group fails; other groups still get images
+                for job in group:
+                    results[job.slot] = exc
+        return results

@@ -1,0 +1,46 @@
+"""The last step of an image model (CPU): pixels -> PNG (default), JPEG or WebP bytes, one per image."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from python_backends.media.image import FORMATS, encode_image
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.spec import TensorSpec
+from python_backends.runtime.step import Request, Step, register
+
+
+@dataclass
+class ImageEncodeParams:
+    quality: int = 95                 # JPEG and WebP
+    png_compress_level: int = 6       # 0 (fastest) - 9 (smallest); PNG stays lossless either way
+
+
+@register("image_encode")
+class ImageEncode(Step):
+    inputs = (
+        TensorSpec("pixels", "TYPE_UINT8", (-1, -1, -1, 3), ragged=True),
+        TensorSpec("output_format", "TYPE_STRING", (1,), optional=True),
+    )
+    outputs = (TensorSpec("images", "TYPE_STRING", (-1,)),)
+    Params = ImageEncodeParams
+
+    def one(self, req: Request) -> dict:
+        fmt = (req.string("output_format", "") or "png").lower()
+        if fmt not in FORMATS:
+            raise InvalidInput("output_format", f"expected one of {', '.join(FORMATS)}; got {fmt!r}")
+        pixels = req.get("pixels")
+        if hasattr(pixels, "cpu"):          # a torch tensor from a GPU step
+            pixels = pixels.cpu().numpy()
+        encoded = [encode_image(p, fmt, self.params.quality, self.params.png_compress_level) for p in pixels]
+        return {"images": np.array(encoded, dtype=np.object_)}
+
+    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
+        results: list[dict | BaseException] = []
+        for req in requests:
+            try:
+                results.append(self.one(req))
+            except InvalidInput as exc:
+                results.append(exc)
+        return results

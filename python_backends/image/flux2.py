@@ -1,0 +1,100 @@
+"""FLUX.2-klein: the text encoder, denoise and VAE decode steps, after diffusers' `Flux2KleinPipeline`.
+
+text encoder  Qwen3: hidden states of layers 9, 18 and 27 stacked per token -> [512, 3 * D]. The
+              padded positions are part of the conditioning (the transformer attends to all of
+              them), so every prompt keeps the full `max_sequence_length`.
+denoise       Flux2Transformer2DModel on packed latents [B, h*w, 4C] with 4-D RoPE ids.
+              Sigmas linspace(1, 1/N, N), shifted by the empirical mu for (h*w, N);
+              CFG is neg + g * (pos - neg) for g > 1 on undistilled checkpoints.
+VAE decode    AutoencoderKLFlux2: undo the batch-norm latent statistics, unpatch 2x2, decode.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline, compute_empirical_mu
+
+from python_backends.image.denoise import DenoiseStep, Job
+from python_backends.image.text_encoder import TextEncoderParams, TextEncoderStep
+from python_backends.image.vae import VaeDecodeStep
+from python_backends.runtime.step import register
+
+Pipe = Flux2KleinPipeline      # its static helpers: latent packing and position ids
+
+
+@dataclass
+class Flux2TextEncoderParams(TextEncoderParams):
+    hidden_states_layers: list[int] = field(default_factory=lambda: [9, 18, 27])
+
+
+@register("flux2_klein_text_encoder")
+class Flux2KleinTextEncoder(TextEncoderStep):
+    Params = Flux2TextEncoderParams
+
+    def encode(self, ids: np.ndarray, mask: np.ndarray) -> list[torch.Tensor]:
+        # The base model of the causal LM: the same hidden states, without the vocabulary projection.
+        model = getattr(self.text_encoder, "model", self.text_encoder)
+        out = model(input_ids=torch.from_numpy(ids.astype(np.int64)).to(self.device),
+                    attention_mask=torch.from_numpy(mask.astype(np.int64)).to(self.device),
+                    output_hidden_states=True, use_cache=False)
+        stacked = torch.stack([out.hidden_states[k] for k in self.params.hidden_states_layers], dim=1)
+        rows, layers, length, dim = stacked.shape
+        return list(stacked.permute(0, 2, 1, 3).reshape(rows, length, layers * dim).unbind(0))
+
+
+@register("flux2_klein_denoise")
+class Flux2KleinDenoise(DenoiseStep):
+    def latent_shape(self, job: Job) -> tuple[int, ...]:
+        s = self.vae_scale * 2
+        return self.transformer.config.in_channels, job.height // s, job.width // s
+
+    def group_key(self, job: Job):
+        return self.latent_shape(job), job.steps, job.prompt.shape[0]   # one set of text position ids
+
+    def schedule(self, steps: int, image_seq_len: int):
+        mu = compute_empirical_mu(image_seq_len=image_seq_len, num_steps=steps)
+        if getattr(self.scheduler.config, "use_flow_sigmas", False):
+            self.scheduler.set_timesteps(steps, device="cpu", mu=mu)
+        else:   # as `retrieve_timesteps` calls it when given sigmas
+            self.scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), device="cpu", mu=mu)
+        return self.scheduler.timesteps.to(self.device), self.scheduler.sigmas.to(self.device)
+
+    def run(self, jobs: list[Job], noise: torch.Tensor) -> torch.Tensor:
+        batch, channels, h, w = noise.shape
+        steps = jobs[0].steps
+        timesteps, sigmas = self.staged_schedule((steps, h, w), lambda: self.schedule(steps, h * w))
+        latent_ids = Pipe._prepare_latent_ids(noise)[0].to(self.device)          # [h*w, 4]
+        prompts = torch.stack([j.prompt for j in jobs for _ in range(j.n)])       # [B, L, D]
+        text_ids = Pipe._prepare_text_ids(prompts)[0].to(self.device)             # [L, 4]
+        g = self.guidance(jobs)
+        scale = g.scale.view(-1, 1, 1) if g.rows is not None else None
+        context = torch.cat([prompts, torch.stack(g.negatives)]) if g.rows is not None else prompts
+        latents = Pipe._pack_latents(noise)                                       # [B, h*w, C]
+        for i in range(steps):
+            timestep = timesteps[i].expand(batch).to(latents.dtype)
+            x = latents.to(self.dtype)
+            if g.rows is not None:
+                x = torch.cat([x, x.index_select(0, g.rows)])
+                timestep = torch.cat([timestep, timestep.index_select(0, g.rows)])
+            out = self.transformer(hidden_states=x, encoder_hidden_states=context, timestep=timestep / 1000,
+                                   img_ids=latent_ids, txt_ids=text_ids, guidance=None, return_dict=False)[0]
+            out = out[:, :latents.shape[1]]
+            pred = out[:batch]
+            if g.rows is not None:
+                pos, neg = pred.index_select(0, g.rows), out[batch:]
+                pred = pred.index_copy(0, g.rows, neg + scale * (pos - neg))
+            # Flow-match Euler step (FlowMatchEulerDiscreteScheduler.step), kept in float32.
+            latents = latents.float() + (sigmas[i + 1] - sigmas[i]) * pred.float()
+        return latents.reshape(batch, h, w, channels).permute(0, 3, 1, 2)   # unpack: [B, C, h, w]
+
+
+@register("flux2_klein_vae_decode")
+class Flux2KleinVaeDecode(VaeDecodeStep):
+    def to_vae_space(self, latents: torch.Tensor) -> torch.Tensor:
+        bn = self.vae.bn
+        mean = bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
+        std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + self.vae.config.batch_norm_eps).to(latents.device,
+                                                                                                 latents.dtype)
+        return Pipe._unpatchify_latents(latents * std + mean)

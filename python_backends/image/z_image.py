@@ -1,0 +1,109 @@
+"""Z-Image (Turbo): the text encoder, denoise and VAE decode steps, after diffusers' `ZImagePipeline`.
+
+text encoder  Qwen3 (base model); the embeddings are the second-to-last hidden state at the
+              prompt's real tokens (padding dropped), so each prompt has its own length.
+denoise       ZImageTransformer2DModel, which takes lists of latents and captions of any lengths.
+              Sigmas linspace(1, 1/N, N) through the checkpoint's FlowMatchEulerDiscreteScheduler;
+              the model sees t' = (1000 - t) / 1000 and predicts the negated velocity;
+              CFG is pos + g * (pos - neg) for g > 0.
+VAE decode    AutoencoderKL: latents / scaling_factor + shift_factor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from diffusers.pipelines.z_image.pipeline_z_image import calculate_shift, get_default_z_image_sigmas
+
+from python_backends.image.denoise import DenoiseStep, Job
+from python_backends.image.text_encoder import TextEncoderStep
+from python_backends.image.vae import VaeDecodeStep
+from python_backends.runtime.step import register
+
+
+@register("z_image_text_encoder")
+class ZImageTextEncoder(TextEncoderStep):
+    def encode(self, ids: np.ndarray, mask: np.ndarray) -> list[torch.Tensor]:
+        # Causal attention: a token never sees what follows it, so the padding columns after the
+        # batch's longest prompt change nothing and are not run (the pipeline runs all 512).
+        used = np.flatnonzero(mask.any(axis=0))
+        keep = int(used[-1]) + 1 if used.size else 1
+        ids_t = torch.from_numpy(ids[:, :keep].astype(np.int64)).to(self.device)
+        mask_t = torch.from_numpy(mask[:, :keep]).to(self.device).bool()
+        hidden = self.text_encoder(input_ids=ids_t, attention_mask=mask_t, output_hidden_states=True).hidden_states[-2]
+        # Real-token positions come from the host mask: no device sync to find them.
+        return [hidden[r].index_select(0, torch.from_numpy(np.flatnonzero(mask[r, :keep])).to(self.device))
+                for r in range(len(ids))]
+
+
+@dataclass
+class ZImageDenoiseParams:
+    checkpoint: str = ""
+    dtype: str = "float32"
+    cfg_truncation: float = 1.0        # the pipeline's: CFG stops once (1000 - t) / 1000 exceeds this
+    cfg_normalization: float = 0.0     # the pipeline's: > 0 caps |guided| at this times |cond|
+
+
+@register("z_image_denoise")
+class ZImageDenoise(DenoiseStep):
+    Params = ZImageDenoiseParams
+
+    def latent_shape(self, job: Job) -> tuple[int, ...]:
+        s = self.vae_scale * 2
+        return self.transformer.config.in_channels, 2 * (job.height // s), 2 * (job.width // s)
+
+    def schedule(self, steps: int, image_seq_len: int):
+        """(timesteps, sigmas) on the device, and the host's t-norms for CFG truncation."""
+        cfg = self.scheduler.config
+        mu = calculate_shift(image_seq_len, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
+                             cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
+        self.scheduler.set_timesteps(sigmas=get_default_z_image_sigmas(steps), device="cpu", mu=mu)
+        timesteps, sigmas = self.scheduler.timesteps.clone(), self.scheduler.sigmas.clone()
+        t_norms = ((1000 - timesteps.float()) / 1000).tolist()
+        return timesteps.to(self.device), sigmas.to(self.device), t_norms
+
+    def cfg_at(self, t_norm: float) -> bool:
+        truncation = self.params.cfg_truncation
+        return truncation > 1 or t_norm <= truncation
+
+    def run(self, jobs: list[Job], noise: torch.Tensor) -> torch.Tensor:
+        batch, _, h, w = noise.shape
+        steps = jobs[0].steps
+        timesteps, sigmas, t_norms = self.staged_schedule(
+            (steps, h, w), lambda: self.schedule(steps, (h // 2) * (w // 2)))
+        captions = [j.prompt for j in jobs for _ in range(j.n)]
+        g = self.guidance(jobs)
+        scale = g.scale.view(-1, 1, 1, 1) if g.rows is not None else None
+        latents = noise
+        for i in range(steps):
+            timestep = (1000 - timesteps[i].expand(batch)) / 1000
+            with_cfg = g.rows is not None and self.cfg_at(t_norms[i])
+            x = latents.to(self.dtype)
+            x_in, caps, t_in = x, captions, timestep
+            if with_cfg:
+                x_in = torch.cat([x, x.index_select(0, g.rows)])
+                caps = captions + g.negatives
+                t_in = torch.cat([timestep, timestep.index_select(0, g.rows)])
+            out = self.transformer(list(x_in.unsqueeze(2).unbind(0)), t_in, caps, return_dict=False)[0]
+            out = torch.stack([o.float() for o in out]).squeeze(2)
+            pred = out[:batch]
+            if with_cfg:
+                pos, neg = pred.index_select(0, g.rows), out[batch:]
+                guided = pos + scale * (pos - neg)
+                if self.params.cfg_normalization > 0:
+                    pos_norm = torch.linalg.vector_norm(pos, dim=(1, 2, 3), keepdim=True)
+                    new_norm = torch.linalg.vector_norm(guided, dim=(1, 2, 3), keepdim=True)
+                    max_norm = pos_norm * self.params.cfg_normalization
+                    guided = torch.where(new_norm > max_norm, guided * (max_norm / new_norm), guided)
+                pred = pred.index_copy(0, g.rows, guided)
+            # Flow-match Euler step on the negated prediction (FlowMatchEulerDiscreteScheduler.step).
+            latents = latents + (sigmas[i + 1] - sigmas[i]) * -pred
+        return latents
+
+
+@register("z_image_vae_decode")
+class ZImageVaeDecode(VaeDecodeStep):
+    def to_vae_space(self, latents: torch.Tensor) -> torch.Tensor:
+        cfg = self.vae.config
+        return latents.to(self.vae.dtype) / cfg.scaling_factor + cfg.shift_factor
