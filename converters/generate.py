@@ -126,7 +126,7 @@ def step_config(cfg: EnsembleConfig, step: StepConfig, target: str, out: Path) -
         m.dynamic_batching.max_queue_delay_microseconds = step.batching.max_queue_delay_us
         m.dynamic_batching.preferred_batch_size.extend(step.batching.preferred_batch_sizes)
     for k, v in sorted(cfg.resolved_parameters(step, target).items()):
-        m.parameters[k].string_value = _locate(v, out) if k == "checkpoint" else v
+        m.parameters[k].string_value = _locate(v, out) if k == "checkpoint" or k.endswith("_checkpoint") else v
     if kind == mc.ModelInstanceGroup.KIND_GPU:
         # let GPU steps receive GPU tensors from GPU steps (the python backend copies to host by default)
         m.parameters[FORCE_CPU_ONLY].string_value = "no"

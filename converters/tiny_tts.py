@@ -1,4 +1,91 @@
-"""Tiny random checkpoints for the speech models (see converters/tiny.py)."""
+"""Tiny random checkpoints for the speech models (see converters/tiny.py), in the release layouts.
+
+orpheus      a Llama-3 talker as canopylabs ships it: `LlamaForCausalLM` (save_pretrained: config.json,
+             model.safetensors, llama3 rope scaling), a byte-level BPE tokenizer with Llama-3's
+             special tokens and the `<custom_token_N>` tokens right after the text vocabulary
+             (10 control tokens + 7 x 4096 audio tokens + 2, as the release's 128256 + 28684).
+snac_24khz   hubertsiuzdak/snac_24khz's layout: config.json (24 kHz rates and strides, tiny widths) and
+             pytorch_model.bin written from `snac.SNAC` with the old `weight_g`/`weight_v` names that
+             the release file has.
+"""
 from __future__ import annotations
 
-BUILDERS: dict = {}     # name -> builder(out: Path) writing a checkpoint folder
+import json
+from pathlib import Path
+
+import torch
+
+AUDIO_CUSTOM_TOKENS = 10 + 7 * 4096 + 2
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+
+SNAC_TINY_CONFIG = {"sampling_rate": 24000, "encoder_dim": 4, "encoder_rates": [2, 4, 8, 8], "decoder_dim": 64,
+                    "decoder_rates": [8, 8, 4, 2], "attn_window_size": None, "codebook_size": 4096,
+                    "codebook_dim": 8, "vq_strides": [4, 2, 1], "noise": True, "depthwise": True}
+
+
+def orpheus_tokenizer(out: Path):
+    """Byte-level BPE (512 pieces, Llama-3 specials, BOS added like Llama-3) + the custom tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from converters.tiny import CORPUS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=LLAMA3_SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 4 + ["tara: leah: jess: leo: dan: mia: zac: zoe:"] * 4, trainer)
+    tok.add_special_tokens([AddedToken(f"<custom_token_{i}>", special=True, normalized=False)
+                            for i in range(AUDIO_CUSTOM_TOKENS)])
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                                       special_tokens=[("<|begin_of_text|>", bos)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
+                                   pad_token="<|end_of_text|>")
+    fast.save_pretrained(str(out))
+    return fast
+
+
+def orpheus(out: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from converters.tiny import _randomize
+
+    tokenizer = orpheus_tokenizer(out)
+    eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                         tie_word_embeddings=True, rms_norm_eps=1e-5,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 1024},
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=eot, pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(config)
+    _randomize(model, seed=7, std=0.25)
+    model.save_pretrained(str(out))
+    end_of_speech = tokenizer.convert_tokens_to_ids("<custom_token_2>")
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [eot, end_of_speech]}, indent=2))
+
+
+def snac_state_dict_release_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """torch's parametrized weight norm names -> the old names the released file uses."""
+    return {k.replace(".parametrizations.weight.original0", ".weight_g")
+             .replace(".parametrizations.weight.original1", ".weight_v"): v for k, v in state.items()}
+
+
+def snac_24khz(out: Path, config: dict | None = None, seed: int = 24) -> None:
+    from snac import SNAC
+
+    config = dict(config or SNAC_TINY_CONFIG)
+    torch.manual_seed(seed)
+    model = SNAC(**config).eval()
+    with torch.no_grad():                 # louder than the init: the tiny decoder's tanh output is audible
+        for name, p in model.named_parameters():
+            if name.endswith("alpha"):
+                p.uniform_(0.5, 1.5)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    torch.save(snac_state_dict_release_names(model.state_dict()), out / "pytorch_model.bin")
+
+
+BUILDERS: dict = {"orpheus": orpheus, "snac_24khz": snac_24khz}     # name -> builder(out: Path)

@@ -145,9 +145,6 @@ def bench_inprocess(name, folder, args, device):
     if args.profile and torch.cuda.is_available():
         profile_decode(engine, sp, args, Path(args.out).parent / f"profile-{name}.txt")
     loop.stop()
-    del engine, loop
-    gc.collect()
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return rows
 
 
@@ -263,9 +260,6 @@ def bench_hf(name, folder, args, device):
         label = f"transformers generate ({args.hf_cache} cache{', compiled' if args.hf_compile else ''})"
         rows.append(summarize(label, name, c, wall, per, args.output_len))
         print(json.dumps(rows[-1]), flush=True)
-    del model
-    gc.collect()
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return rows
 
 
@@ -421,6 +415,8 @@ def main() -> int:
                 rows += bench_server(name, folder, args, target)
             else:
                 rows += bench_hf(name, folder, args, device)
+            gc.collect()                                        # the mode's model and caches are gone
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
             write_results(rows, args, bandwidth, args.out)     # after every part: a timeout keeps what ran
     print(args.out.with_suffix(".md").read_text())
     return 0

@@ -8,7 +8,6 @@ import torch
 from python_backends.ar.config import EngineConfig
 from python_backends.ar.engine import LLMEngine
 from python_backends.ar.sampling import SamplingParams
-from python_backends.models.context import ForwardContext
 from python_backends.models.registry import load_causal_lm
 from python_backends.runtime.errors import InvalidInput
 

@@ -149,6 +149,7 @@ class ARDecode(Step):
             self._abort(abort_id)
             sink.send({}, final=True)
             return
+        sink = self.wrap_sink(request, sink)
         ids = request.get("input_ids")
         if ids is None or ids.ndim != 1:
             raise InvalidInput("input_ids", "expected a 1-D list of token ids")
@@ -165,6 +166,10 @@ class ARDecode(Step):
                 raise Cancelled("request cancelled")
             if not reply.done:
                 self.live.add(reply)     # polled for cancellation until it finishes
+
+    def wrap_sink(self, request: Request, sink: ResponseSink) -> ResponseSink:
+        """Where a subclass reshapes this request's responses (e.g. a talker feeding a codec)."""
+        return sink
 
     # -- the delivery thread ------------------------------------------------------------------
     def _deliver_loop(self) -> None:

@@ -15,6 +15,7 @@ MODELS = {
     "qwen3": ("python_backends.models.qwen3", "Qwen3ForCausalLM"),
     "qwen3_5": ("python_backends.models.qwen3_5", "Qwen3_5ForCausalLM"),
     "qwen3_5_text": ("python_backends.models.qwen3_5", "Qwen3_5ForCausalLM"),
+    "llama": ("python_backends.models.llama", "LlamaForCausalLM"),
 }
 
 

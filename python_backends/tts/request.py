@@ -1,0 +1,88 @@
+"""The speech route's inputs, validated once in a model's pre step (the OpenAI `speech` contract:
+text, voice, response_format, stream, speed, sampling_parameters, reference_audio, reference_text).
+
+What later steps need from the request travels as one small JSON tensor, `speech` (seed, format,
+stream): a step after a streaming step only sees tensors that the streaming step itself emits with
+each response (Triton ensembles pair tensors by response), so the talker passes it along.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from python_backends.media.audio import RESPONSE_FORMATS
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.spec import TensorSpec
+from python_backends.runtime.step import Request, string_array
+
+SPEECH_INPUTS = (
+    TensorSpec("text", "TYPE_STRING", (1,), optional=True),
+    TensorSpec("voice", "TYPE_STRING", (1,), optional=True),
+    TensorSpec("response_format", "TYPE_STRING", (1,), optional=True),
+    TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("speed", "TYPE_FP32", (1,), optional=True),
+    TensorSpec("sampling_parameters", "TYPE_STRING", (1,), optional=True),
+    TensorSpec("reference_audio", "TYPE_STRING", (1,), optional=True),
+    TensorSpec("reference_text", "TYPE_STRING", (1,), optional=True),
+)
+SPEECH = TensorSpec("speech", "TYPE_STRING", (1,))
+DEFAULT_FORMAT = "mp3"                 # as OpenAI's /v1/audio/speech
+SPEED_RANGE = (0.25, 4.0)              # OpenAI's range
+
+
+@dataclass
+class Speech:
+    """What the codec and post steps need to know about a request."""
+    seed: int
+    response_format: str = DEFAULT_FORMAT
+    stream: bool = False
+
+    def tensor(self) -> np.ndarray:
+        return string_array(json.dumps(asdict(self)))
+
+    @classmethod
+    def from_request(cls, req: Request) -> "Speech":
+        raw = req.json("speech", {})
+        return cls(**raw)
+
+
+@dataclass
+class SpeechInput:
+    text: str
+    voice: str
+    response_format: str
+    stream: bool
+    speed: float
+
+
+def parse_speech(req: Request, voices: list[str], default_voice: str, max_text_chars: int,
+                 speeds: tuple[float, float] = (1.0, 1.0)) -> SpeechInput:
+    """The common speech inputs, checked. `speeds`: the range this model can speak at."""
+    text = req.string("text")
+    if text is None or not text.strip():
+        raise InvalidInput("text", "is empty")
+    if len(text) > max_text_chars:
+        raise InvalidInput("text", f"is too long: {len(text)} characters; at most {max_text_chars}")
+    voice = (req.string("voice") or "").strip() or default_voice
+    if voice not in voices:
+        raise InvalidInput("voice", f"unknown voice {voice!r}; known: {', '.join(voices)}")
+    fmt = (req.string("response_format") or "").strip().lower() or DEFAULT_FORMAT
+    if fmt not in RESPONSE_FORMATS:
+        raise InvalidInput("response_format", f"expected one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}")
+    speed = float(req.scalar("speed", 1.0))
+    if not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:
+        raise InvalidInput("speed", f"must be in [{SPEED_RANGE[0]}, {SPEED_RANGE[1]}], got {speed}")
+    if not speeds[0] <= speed <= speeds[1]:
+        raise InvalidInput("speed", f"this model speaks at {speeds[0]}" if speeds[0] == speeds[1]
+                           else f"this model speaks at speeds in [{speeds[0]}, {speeds[1]}]")
+    return SpeechInput(text, voice, fmt, bool(req.scalar("stream", False)), speed)
+
+
+def reject_reference(req: Request, voices: list[str]) -> None:
+    """For models without voice cloning: reference audio/text is an error, not silently ignored."""
+    for name in ("reference_audio", "reference_text"):
+        value = req.get(name)
+        if value is not None and any(len(v or b"") for v in value.reshape(-1)):
+            raise InvalidInput(name, f"this model does not clone voices; choose a voice ({', '.join(voices)})")
