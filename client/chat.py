@@ -1,4 +1,4 @@
-"""Chat with a `<model>_chat` ensemble over gRPC streaming.
+"""Chat with a chat model (route `chat`), streamed over gRPC (or HTTP: `http://host:8000`).
 
     client = ChatClient("localhost:8001")
     for chunk in client.stream("qwen3_chat", messages=[{"role": "user", "content": "Hi"}]):
@@ -6,14 +6,12 @@
 """
 from __future__ import annotations
 
-import queue
-import uuid
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-import tritonclient.grpc as grpcclient
-
-from client.tensors import make_inputs
+from client.tensors import first, text
+from client.triton import responses
 
 
 @dataclass
@@ -22,6 +20,10 @@ class ChatChunk:
     finish_reason: str | None          # set on the last chunk: "stop", "length"
     prompt_tokens: int
     completion_tokens: int
+
+
+def _finished(outputs) -> bool:
+    return bool(text(outputs, "finish_reason"))
 
 
 class ChatClient:
@@ -33,30 +35,16 @@ class ChatClient:
                sampling: dict[str, Any] | None = None, stream: bool = True,
                chat_template_kwargs: dict | None = None) -> Iterator[ChatChunk]:
         """Yields text as it is generated. Closing the generator early cancels the request."""
-        inputs = make_inputs(grpcclient, {
-            "messages": (messages, "BYTES"), "text_input": (prompt, "BYTES"),
-            "sampling_parameters": (sampling, "BYTES"), "stream": (stream, "BOOL"),
-            "chat_template_kwargs": (chat_template_kwargs, "BYTES")})
-        results: queue.Queue = queue.Queue()
-        client = grpcclient.InferenceServerClient(self.url)
-        client.start_stream(callback=lambda result, error: results.put((result, error)))
-        finished = False
-        try:
-            client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex)
-            while True:
-                result, error = results.get(timeout=self.timeout_s)
-                if error is not None:
-                    raise error
-                reason = result.as_numpy("finish_reason")[0, 0].decode()
-                yield ChatChunk(result.as_numpy("text_output")[0, 0].decode("utf-8"), reason or None,
-                                int(result.as_numpy("prompt_tokens")[0, 0]),
-                                int(result.as_numpy("completion_tokens")[0, 0]))
+        values = {"messages": (messages, "BYTES"), "text_input": (prompt, "BYTES"),
+                  "sampling_parameters": (sampling, "BYTES"), "stream": (stream, "BOOL"),
+                  "chat_template_kwargs": (chat_template_kwargs, "BYTES")}
+        with contextlib.closing(responses(self.url, model, values, self.timeout_s, last=_finished)) as replies:
+            for outputs in replies:
+                reason = text(outputs, "finish_reason")
+                yield ChatChunk(text(outputs, "text_output"), reason or None,
+                                int(first(outputs, "prompt_tokens", 0)), int(first(outputs, "completion_tokens", 0)))
                 if reason:
-                    finished = True
                     return
-        finally:
-            client.stop_stream(cancel_requests=not finished)
-            client.close()
 
     def complete(self, model: str, **kwargs) -> ChatChunk:
         """The whole answer as one chunk (the server sends it in one response)."""

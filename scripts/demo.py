@@ -1,6 +1,7 @@
 """The embedded demo: tiny random checkpoints -> model repository -> real tritonserver -> a streamed
-chat answer on the terminal and in outputs/. The weights are random: the text is gibberish by design;
-what the demo shows is the serving path, end to end."""
+chat answer, a speech file and an image, written to outputs/. The weights are random: the text is
+gibberish, the speech is noise, the image is a pattern, by design; what the demo shows is the
+serving path, end to end."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from client import ChatClient  # noqa: E402
+from client.image import ImageClient  # noqa: E402
+from client.speech import SpeechClient  # noqa: E402
 from converters.__main__ import load_configs  # noqa: E402
 from converters.generate import write_repository  # noqa: E402
 from converters.tiny import build as build_tiny  # noqa: E402
@@ -21,9 +24,10 @@ from launcher.triton import has_gpu  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", default="qwen3_chat", choices=["qwen3_chat", "qwen3_5_chat"])
+    ap.add_argument("--chat-model", default="qwen3_chat", choices=["qwen3_chat", "qwen3_5_chat"])
+    ap.add_argument("--speech-model", default="orpheus_tts")
+    ap.add_argument("--image-model", default="z_image_turbo", choices=["z_image_turbo", "flux2_klein"])
     ap.add_argument("--prompt", default="Write a haiku about a server that never sleeps.")
-    ap.add_argument("--max-tokens", type=int, default=48)
     args = ap.parse_args()
     out = ROOT / "outputs"
     out.mkdir(exist_ok=True)
@@ -34,24 +38,36 @@ def main() -> int:
     target = "gpu" if has_gpu() else "cpu"
     repo = ROOT / "model_repository" if target == "cpu" else out / "model_repository_gpu"
     write_repository(load_configs(None, [], []), repo, target)
-    print(f"[demo] model repository: {repo} (target {target})")
-    with TritonServer(repo, models=[args.model], log_path=out / "tritonserver.log") as server:
+    models = [args.chat_model, args.speech_model, args.image_model]
+    print(f"[demo] model repository: {repo} (target {target}); serving {', '.join(models)}")
+    with TritonServer(repo, models=models, log_path=out / "tritonserver.log") as server:
         print(f"[demo] tritonserver ready in {time.monotonic() - t0:.1f} s "
               f"(gRPC {server.grpc_url}, HTTP {server.http_url}; log: outputs/tritonserver.log)")
+
         print(f"[demo] user: {args.prompt}\n[demo] assistant (streamed): ", end="", flush=True)
-        client = ChatClient(server.grpc_url)
-        text, last = [], None
-        start = time.monotonic()
-        for chunk in client.stream(args.model, messages=[{"role": "user", "content": args.prompt}],
-                                   sampling={"max_tokens": args.max_tokens, "temperature": 0.8, "seed": 7}):
+        text, last, start = [], None, time.monotonic()
+        for chunk in ChatClient(server.grpc_url).stream(args.chat_model, messages=[{"role": "user", "content": args.prompt}],
+                                                        sampling={"max_tokens": 48, "temperature": 0.8, "seed": 7}):
             print(chunk.text, end="", flush=True)
             text.append(chunk.text)
             last = chunk
-        took = time.monotonic() - start
-        print(f"\n[demo] finish_reason={last.finish_reason} prompt_tokens={last.prompt_tokens} "
-              f"completion_tokens={last.completion_tokens} in {took:.2f} s")
-    (out / "chat.txt").write_text(f"user: {args.prompt}\nassistant: {''.join(text)}\n")
-    print("[demo] wrote outputs/chat.txt; server stopped")
+        print(f"\n[demo] finish_reason={last.finish_reason} completion_tokens={last.completion_tokens} "
+              f"in {time.monotonic() - start:.2f} s")
+        (out / "chat.txt").write_text(f"user: {args.prompt}\nassistant: {''.join(text)}\n")
+
+        start = time.monotonic()
+        speech = SpeechClient(server.grpc_url).synthesize(args.speech_model, "Hello from Triton.", voice="tara",
+                                                           response_format="wav", sampling={"seed": 7, "max_tokens": 70})
+        (out / "speech.wav").write_bytes(speech.audio)
+        print(f"[demo] speech: outputs/speech.wav ({len(speech.audio)} bytes, {speech.sample_rate} Hz) "
+              f"in {time.monotonic() - start:.2f} s")
+
+        start = time.monotonic()
+        images = ImageClient(server.grpc_url).generate(args.image_model, "a lighthouse at dawn", size="256x256",
+                                                       num_inference_steps=4, seed=7)
+        (out / "image.png").write_bytes(images[0])
+        print(f"[demo] image: outputs/image.png ({len(images[0])} bytes) in {time.monotonic() - start:.2f} s")
+    print("[demo] wrote outputs/chat.txt, outputs/speech.wav, outputs/image.png; server stopped")
     return 0
 
 

@@ -1,0 +1,82 @@
+"""The proxy's FastAPI app: routes generated from the ensemble YAMLs, errors in OpenAI's shape.
+
+Each YAML's `openai.route` says which endpoint its model serves (models.py); the handlers map the
+OpenAI request onto the tensor contract of ensemble_configs/README.md and talk gRPC to Triton.
+"""
+from __future__ import annotations
+
+import hmac
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+
+from client.openai_proxy import audio, chat, images, videos
+from client.openai_proxy.context import Proxy, Settings, proxy_of
+from client.openai_proxy.errors import ProxyError, install
+from client.openai_proxy.fields import refuse
+from client.openai_proxy.models import ModelTable, load_models
+from client.openai_proxy.triton import ClientGone, TritonGateway
+from client.openai_proxy.voices import VoiceStore
+
+
+async def check_api_key(request: Request) -> None:
+    key = proxy_of(request).settings.api_key
+    if key is None:
+        return
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        await refuse(request, ProxyError(401, "Incorrect API key provided" if given else "Missing API key: send "
+                                         "'Authorization: Bearer <key>'", code="invalid_api_key"))
+
+
+models_router = APIRouter()
+
+
+def model_object(m) -> dict:
+    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "triton-omni",
+            "route": m.route, "description": m.description}
+
+
+@models_router.get("/v1/models")
+async def list_models(request: Request):
+    return {"object": "list", "data": [model_object(m) for m in await proxy_of(request).models.served()]}
+
+
+@models_router.get("/v1/models/{model_id}")
+async def get_model(request: Request, model_id: str):
+    for m in await proxy_of(request).models.served():
+        if m.name == model_id:
+            return model_object(m)
+    raise ProxyError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    gateway = TritonGateway(settings.triton_url, settings.request_timeout_s)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        gateway.close()
+
+    app = FastAPI(title="triton-omni OpenAI-compatible proxy", version="1", lifespan=lifespan)
+    app.state.proxy = Proxy(settings, gateway, ModelTable(load_models(settings.config_dir), gateway),
+                            VoiceStore(settings.voices_dir), videos.VideoJobs(gateway, settings.max_video_jobs))
+    install(app)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone):
+        return ProxyError(499, "client closed the request", code="client_closed").response()
+
+    @app.get("/health")
+    async def health(request: Request):
+        """200 while Triton is live (no key needed: for load balancers)."""
+        if await proxy_of(request).gateway.live():
+            return {"status": "ok", "time": int(time.time())}
+        raise ProxyError(503, "the Triton server is unavailable", code="triton_unavailable")
+
+    secured = [Depends(check_api_key)]
+    for router in (models_router, chat.router, audio.router, images.router, videos.router):
+        app.include_router(router, dependencies=secured)
+    return app

@@ -1,0 +1,1 @@
+"""perf_analyzer inputs and runner (run.py), and the AR decode benchmark (bench_ar_decode.py)."""

@@ -1,0 +1,84 @@
+"""perf_analyzer (2.51, from the tritonclient wheel) against qwen3_chat, CI-sized; inputs and parsing."""
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from perf_analyzer_configs import inputs, perf_analyzer
+from tests.conftest import ROOT, running_server
+
+CSV = """Concurrency,Inferences/Second,Response Throughput,Client Send,Network+Server Send/Recv,Server Queue,\
+Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,\
+p99 latency,Avg latency,request/response,response wait
+1,24.2537,283.328,0,38222,71,28,1976,10,0,39591,45244,48389,52863,40308,0,0
+2,39.8819,470.828,0,48066,237,25,793,13,0,49943,59403,61663,80904,49137,0,0
+"""
+
+
+def test_parse_csv():
+    rows = perf_analyzer.parse_csv(CSV)
+    assert [r["concurrency"] for r in rows] == [1, 2]
+    assert rows[1]["throughput_per_s"] == pytest.approx(39.8819)
+    assert rows[0]["response_throughput_per_s"] == pytest.approx(283.328)
+    assert rows[0]["p99_latency_us"] == 52863 and rows[1]["avg_latency_us"] == 49137
+
+
+def test_libraries_under_the_names_perf_analyzer_wants():
+    folder = perf_analyzer.library_dir()
+    for name in ("libb64.so.0d", "libcudart.so.12"):
+        assert (folder / name).resolve().is_file()
+    out = subprocess.run([str(perf_analyzer.binary()), "--version"], env=perf_analyzer.environment(),
+                         capture_output=True, text=True, timeout=60)
+    assert "2.51.0" in out.stdout + out.stderr
+
+
+def test_binary_inputs_use_triton_bytes_serialization():
+    b64 = inputs.serialized([b"ab", b"xyz"])
+    raw = base64.b64decode(b64["b64"])
+    assert raw == struct.pack("<I", 2) + b"ab" + struct.pack("<I", 3) + b"xyz" and b64["shape"] == [2]
+    assert inputs.tone_wav()[:4] == b"RIFF"
+    data = inputs.input_data("image_generation", overrides=["size=512x512", "num_inference_steps=4"])
+    assert all(r["size"] == ["512x512"] and r["num_inference_steps"] == [4] for r in data["data"])
+    speech = inputs.input_data("speech", overrides=["size=512x512", "speed=1.5"])
+    assert all("size" not in r and r["speed"] == [1.5] for r in speech["data"]), "only inputs the route has"
+
+
+def test_committed_inputs_are_current():
+    """inputs/<model>.json equals what run.py builds for its route (refresh: run.py --write-inputs)."""
+    from converters.__main__ import CONFIG_DIR
+    from converters.schema import load_ensemble
+
+    committed = sorted((ROOT / "perf_analyzer_configs" / "inputs").glob("*.json"))
+    assert committed, "no committed input files"
+    for path in committed:
+        route = load_ensemble(CONFIG_DIR / f"{path.stem}.yaml").openai["route"]
+        assert json.loads(path.read_text()) == inputs.input_data(route), f"{path.name} is stale"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_checkpoints):
+    with running_server(tmp_path_factory.mktemp("perf"), ["qwen3_chat"], ["qwen3_chat.ar.max_num_seqs=4"]) as s:
+        yield s
+
+
+@pytest.mark.server
+def test_perf_analyzer_measures_qwen3_chat(server, tmp_path):
+    run = subprocess.run([sys.executable, "perf_analyzer_configs/run.py", "--url", server.grpc_url,
+                          "--models", "qwen3_chat", "--concurrency", "1", "2", "--measurement-ms", "800",
+                          "--max-trials", "3", "--stability", "999", "--max-tokens", "8", "--timeout", "120",
+                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads((tmp_path / "perf_analyzer.json").read_text())
+    rows = result["rows"]
+    assert [r["concurrency"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["model"] == "qwen3_chat" and r["streaming"] is True
+        assert r["throughput_per_s"] > 0 and r["response_throughput_per_s"] > 0 and r["p50_latency_us"] > 0
+    assert "--streaming" in result["commands"]["qwen3_chat@1"]
+    table = (tmp_path / "perf_analyzer.md").read_text()
+    assert "| qwen3_chat | chat | 2 |" in table
