@@ -17,18 +17,20 @@ import uuid
 
 import numpy as np
 
+from python_backends.runtime.triton_model import STUB_LOCK   # every call into the stub holds it
+
 CANCEL_CHECK_S = 0.1
 CHECKS_PER_ROUND = 8
 ABORT_INPUT = "abort_request_id"
 
 
 class _Stream:
-    """One client stream. Its lock orders the relay's sends against the watcher's cancellation
-    checks: asking Triton about a request whose final response is out crashes the server."""
+    """One client stream; sends and cancellation checks go through STUB_LOCK, which also orders
+    them: asking Triton about a request whose final response is out crashes the server."""
 
     def __init__(self, sender, pb):
         self.sender, self.pb = sender, pb
-        self.lock = threading.Lock()
+        self.lock = STUB_LOCK
         self.finished = False
         self.cancelled = False
         self.last_checked = 0.0
@@ -83,12 +85,17 @@ class StreamFront:
 
     def execute(self, requests):
         for request in requests:
-            # A daemon thread per stream: a relay waiting on the ensemble never holds up shutdown.
-            threading.Thread(target=self._relay, args=(request, request.get_response_sender()),
+            # The request is released when execute returns: copy its inputs now, keep only the
+            # sender. A daemon thread per stream: a relay waiting on the ensemble never holds up
+            # shutdown.
+            with STUB_LOCK:
+                inputs = [self.pb.Tensor(t.name(), t.as_numpy().copy()) for t in request.inputs()]
+                sender = request.get_response_sender()
+            threading.Thread(target=self._relay, args=(inputs, sender),
                              name="front-relay", daemon=True).start()
         return None
 
-    def _relay(self, request, sender) -> None:
+    def _relay(self, inputs: list, sender) -> None:
         pb = self.pb
         inner_id = uuid.uuid4().hex
         stream = _Stream(sender, pb)
@@ -97,14 +104,18 @@ class StreamFront:
         try:
             # the relay only forwards bytes: keep the ensemble's outputs in CPU memory (on a GPU
             # server they could otherwise come back through the limited CUDA memory pool)
-            bls = pb.InferenceRequest(model_name=self.ensemble, inputs=request.inputs(),
-                                      requested_output_names=self.output_names, request_id=inner_id,
-                                      preferred_memory=pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0))
-            for response in bls.exec(decoupled=True):
-                if response.has_error():
-                    stream.finish(pb.InferenceResponse(error=response.error()))
+            with STUB_LOCK:
+                bls = pb.InferenceRequest(model_name=self.ensemble, inputs=inputs,
+                                          requested_output_names=self.output_names, request_id=inner_id,
+                                          preferred_memory=pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0))
+                responses = bls.exec(decoupled=True)
+            for response in responses:                 # waits outside the lock
+                with STUB_LOCK:
+                    error = response.error() if response.has_error() else None
+                    tensors = None if error else response.output_tensors()
+                if error is not None:
+                    stream.finish(pb.InferenceResponse(error=error))
                     return
-                tensors = response.output_tensors()
                 if tensors:
                     stream.send(pb.InferenceResponse(output_tensors=tensors))
             stream.finish()
@@ -129,9 +140,11 @@ class StreamFront:
         value = np.array([[inner_id.encode()]] if self.batched else [inner_id.encode()], dtype=np.object_)
         for model in self.abort_models:
             try:
-                req = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(ABORT_INPUT, value)],
-                                          requested_output_names=[], request_id=f"abort-{inner_id}")
-                for _ in req.exec(decoupled=True):
+                with STUB_LOCK:
+                    req = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(ABORT_INPUT, value)],
+                                              requested_output_names=[], request_id=f"abort-{inner_id}")
+                    replies = req.exec(decoupled=True)
+                for _ in replies:
                     pass
             except Exception as exc:  # noqa: BLE001
                 pb.Logger.log_error(f"{self.ensemble}: abort of {inner_id} in {model} failed: {exc!r}")

@@ -20,6 +20,13 @@ from python_backends.runtime.params import parse_params
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext
 
 
+# One lock around every call into the stub from any of a model's threads. The 2.51 python stub is
+# not safe to enter from several Python threads at once: under load it corrupted its interpreter
+# (segfaults in libpython, "Reference count error ... dtype 17 (O)"). Waiting (for a BLS response,
+# for the engine) happens outside it. Reentrant: a step may send while submitting.
+STUB_LOCK = threading.RLock()
+
+
 def _to_triton_tensor(pb_utils, name: str, value: Any):
     if isinstance(value, np.ndarray):
         return pb_utils.Tensor(name, value)
@@ -35,10 +42,9 @@ class _TritonSink(ResponseSink):
 
     def __init__(self, adapter: "_Adapter", request):
         self.adapter = adapter
-        self.sender = request.get_response_sender()
-        self.request = request
+        self.sender = request.get_response_sender()   # outlives the request; the request does not
         self.done = False
-        self.lock = threading.Lock()
+        self.lock = STUB_LOCK
 
     def send(self, outputs: dict[str, Any], final: bool = False) -> None:
         pb = self.adapter.pb_utils
@@ -100,18 +106,22 @@ class _Adapter:
             if t is None:
                 continue
             if t.is_cpu():
-                value = t.as_numpy()
+                # a decoupled step keeps using inputs after execute returns, when Triton has
+                # released the request's memory: give it its own copy
+                value = t.as_numpy().copy() if self.step_cls.decoupled else t.as_numpy()
             else:
                 import torch
 
                 value = torch.utils.dlpack.from_dlpack(t.to_dlpack())
+                value = value.clone() if self.step_cls.decoupled else value
             if self.batched:
                 if value.shape[0] != 1:
                     raise InvalidInput(name, f"batch dimension is {value.shape[0]}; send one item per "
                                              "request (the server batches requests together)")
                 value = value[0]
             tensors[name] = value
-        return Request(tensors, request.request_id(), request.is_cancelled)
+        # a decoupled step asks its sink (the response sender outlives the request) instead
+        return Request(tensors, request.request_id(), None if self.step_cls.decoupled else request.is_cancelled)
 
     def output_tensors(self, outputs: dict[str, Any]) -> list:
         return [_to_triton_tensor(self.pb_utils, name, value[None] if self.batched else value)
@@ -120,13 +130,14 @@ class _Adapter:
     # -- execution ----------------------------------------------------------------------------
     def execute(self, requests):
         if self.step_cls.decoupled:
-            for r in requests:
-                sink = _TritonSink(self, r)
-                try:
-                    self.step.submit(self.read_request(r), sink)
-                except Exception as exc:  # noqa: BLE001 - becomes this request's error
-                    self._log_unexpected(exc)
-                    sink.error(exc)
+            with STUB_LOCK:                 # the step's own threads send responses meanwhile
+                for r in requests:
+                    sink = _TritonSink(self, r)
+                    try:
+                        self.step.submit(self.read_request(r), sink)
+                    except Exception as exc:  # noqa: BLE001 - becomes this request's error
+                        self._log_unexpected(exc)
+                        sink.error(exc)
             return None
 
         pb = self.pb_utils
