@@ -136,7 +136,9 @@ class ARDecode(Step):
         self.aborted: dict[str, float] = {}      # request id -> when its abort arrived early
         self.metrics = {k: Gauge(f"triton_omni_ar_{k}", d, ctx.model_name) for k, d in (
             ("decode_steps", "decode steps run"), ("decode_tokens", "tokens decoded (sum of decode batch sizes)"),
-            ("prefill_tokens", "prompt tokens prefilled"), ("max_decode_batch", "largest decode batch seen"))}
+            ("prefill_tokens", "prompt tokens prefilled"), ("max_decode_batch", "largest decode batch seen"),
+            ("requests_started", "requests accepted"), ("requests_finished", "requests whose final response was sent"))}
+        self.requests_started = self.requests_finished = 0
         self._stop = False
         self.loop = EngineThread(self.engine, on_error=lambda e: ctx.log(f"engine step failed: {e!r}"))
         self.delivery = threading.Thread(target=self._deliver_loop, name="ar-delivery", daemon=True)
@@ -156,6 +158,7 @@ class ARDecode(Step):
         params = SamplingParams.from_dict(request.json("sampling"))
         streaming = bool(request.scalar("stream", False))
         reply = _Reply(sink, TokenStream(self.token_bytes, params.stop), streaming, int(ids.shape[0]))
+        self.requests_started += 1
         reply.seq = self.engine.add(ids.tolist(), params,
                                     on_output=lambda seq, new, reason: self.outbox.put((reply, new, reason)))
         reply.request_id = request.request_id
@@ -229,6 +232,7 @@ class ARDecode(Step):
             self._close(reply)
 
     def _send(self, reply: _Reply, context: list[int], new: list[int], stop: str | None, reason: str | None) -> None:
+        self.requests_finished += reason is not None
         reply.sink.send({
             "token_ids": np.asarray(context + new, dtype=np.int32),
             "num_context": np.asarray([len(context)], dtype=np.int32),
@@ -276,7 +280,7 @@ class ARDecode(Step):
     def _publish_metrics(self) -> None:
         s = self.engine.stats
         for key, gauge in self.metrics.items():
-            gauge.set(getattr(s, key))
+            gauge.set(getattr(s, key) if hasattr(s, key) else getattr(self, key))
 
     def close(self) -> None:
         self._stop = True
