@@ -106,6 +106,10 @@ def test_stop_tokens_and_eos(folder):
     stop_at = free[4]
     out = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[stop_at]))[0]
     assert out == free[:free.index(stop_at)]
+    held = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[stop_at],
+                                                        min_tokens=6))[0]
+    later = [i for i, t in enumerate(free) if t == stop_at and i >= 6]
+    assert held == free[:later[0]] if later else held == free     # a stop token counts from min_tokens on
     engine.eos_token_ids = {stop_at}      # read when a request is admitted
     seq = engine.add(PROMPTS[0], SamplingParams(max_tokens=10, temperature=0))
     engine.run_until_done()

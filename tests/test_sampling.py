@@ -11,19 +11,26 @@ from python_backends.runtime.errors import InvalidInput
 @pytest.mark.parametrize("raw,field", [
     ({"temperture": 1.0}, "sampling_parameters"),
     ({"max_tokens": 0}, "sampling_parameters.max_tokens"),
-    ({"max_tokens": "10"}, "sampling_parameters.max_tokens"),
     ({"temperature": -1}, "sampling_parameters.temperature"),
     ({"top_p": 0}, "sampling_parameters.top_p"),
     ({"top_k": -2}, "sampling_parameters.top_k"),
     ({"stop": [1]}, "sampling_parameters.stop"),
     ({"stop": [""]}, "sampling_parameters.stop"),
     ({"ignore_eos": "yes"}, "sampling_parameters.ignore_eos"),
+    ({"max_tokens": "ten"}, "sampling_parameters.max_tokens"),
+    ({"min_tokens": 5, "max_tokens": 4}, "sampling_parameters.min_tokens"),
     ([1, 2], "sampling_parameters"),
 ])
 def test_bad_sampling_parameters(raw, field):
     with pytest.raises(InvalidInput) as err:
         SamplingParams.from_dict(raw)
     assert err.value.field == field
+
+
+def test_numbers_may_come_as_strings():
+    """genai-perf (--backend vllm) sends "16" for 16."""
+    p = SamplingParams.from_dict({"max_tokens": "16", "temperature": "0.5", "min_tokens": "16"})
+    assert (p.max_tokens, p.temperature, p.min_tokens) == (16, 0.5, 16)
 
 
 def test_resolve_checks_context():

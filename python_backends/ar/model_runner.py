@@ -63,6 +63,7 @@ class ModelRunner:
         self.last_token = z(rows)
         self.out_count = z(rows)            # tokens sampled so far
         self.max_tokens = z(rows)
+        self.min_tokens = z(rows)
         self.stop_ids = torch.full((rows, MAX_STOP_IDS), -1, dtype=torch.int64, device=device)
         self.temperature = z(rows, dt=torch.float32)
         self.top_k = z(rows)
@@ -121,6 +122,7 @@ class ModelRunner:
         self.position[r] = len(seq.prompt_ids)
         self.out_count[r] = 0
         self.max_tokens[r] = p.max_tokens
+        self.min_tokens[r] = p.min_tokens
         self.temperature[r] = p.temperature
         self.top_k[r] = p.top_k
         self.top_p[r] = p.top_p
@@ -143,7 +145,7 @@ class ModelRunner:
             tokens = sample(logits, self.temperature[rows], self.top_k[rows], self.top_p[rows], self.seeds[rows],
                             self.out_count[rows], variant == FILTERED, variant == FILTERED)
         count = self.out_count[rows] + 1
-        stop = (tokens[:, None] == self.stop_ids[rows]).any(-1)
+        stop = (tokens[:, None] == self.stop_ids[rows]).any(-1) & (count > self.min_tokens[rows])
         code = torch.where(stop, FINISH_STOP, torch.where(count >= self.max_tokens[rows], FINISH_LENGTH, FINISH_NONE))
         self.last_token[rows] = tokens
         self.out_count[rows] = count

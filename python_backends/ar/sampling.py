@@ -21,6 +21,7 @@ FIELD = "sampling_parameters"
 @dataclass
 class SamplingParams:
     max_tokens: int | None = None      # None: up to DEFAULT_MAX_TOKENS, within the context
+    min_tokens: int = 0                # stop tokens (and EOS) are ignored before this many
     temperature: float = 1.0           # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0                     # 0 or -1: off
@@ -52,6 +53,8 @@ class SamplingParams:
     def _check_ranges(self) -> None:
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise InvalidInput(f"{FIELD}.max_tokens", f"must be > 0, got {self.max_tokens}")
+        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
+            raise InvalidInput(f"{FIELD}.min_tokens", f"must be in [0, max_tokens], got {self.min_tokens}")
         if not 0.0 <= self.temperature <= 100.0:
             raise InvalidInput(f"{FIELD}.temperature", f"must be in [0, 100], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -85,7 +88,7 @@ class SamplingParams:
         return dataclasses.asdict(self)
 
 
-_TYPES = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int,
+_TYPES = {"max_tokens": int, "min_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int,
           "ignore_eos": bool}
 
 
@@ -102,6 +105,12 @@ def _check_type(key: str, value: Any) -> Any:
             return value
         raise InvalidInput(name, "expected a list of integers")
     want = _TYPES[key]
+    if isinstance(value, str) and want in (int, float):
+        # genai-perf and the vLLM backend's clients send numbers as strings ("16")
+        try:
+            value = want(value)
+        except ValueError:
+            raise InvalidInput(name, f"expected {want.__name__}, got {value!r}") from None
     if want is bool:
         if isinstance(value, bool):
             return value

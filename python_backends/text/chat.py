@@ -67,6 +67,8 @@ class ChatPreprocess(Step):
         TensorSpec("messages", "TYPE_STRING", (1,), optional=True),
         TensorSpec("chat_template_kwargs", "TYPE_STRING", (1,), optional=True),
         TensorSpec("sampling_parameters", "TYPE_STRING", (1,), optional=True),
+        # sent by genai-perf (--backend vllm); the prompt is never echoed, so it changes nothing
+        TensorSpec("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),
     )
     outputs = (
         TensorSpec("input_ids", "TYPE_INT32", (-1,)),
