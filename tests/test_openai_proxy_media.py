@@ -29,7 +29,7 @@ SPEECH = {"seed": 5, "max_tokens": 60}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_checkpoints):
-    with running_server(tmp_path_factory.mktemp("media"), ["orpheus_tts", "z_image_turbo"]) as s:
+    with running_server(tmp_path_factory.mktemp("media"), ["orpheus_tts", "z_image_turbo", "flux2_klein"]) as s:
         yield s
 
 
@@ -52,7 +52,7 @@ def sdk(server, tmp_path_factory):
 
 
 def test_models_lists_speech_and_image(sdk):
-    assert {m.id for m in sdk.models.list()} == {"orpheus_tts", "z_image_turbo"}
+    assert {m.id for m in sdk.models.list()} == {"orpheus_tts", "z_image_turbo", "flux2_klein"}
 
 
 def test_speech_to_a_file_equals_the_direct_call(server, sdk, tmp_path):
@@ -109,6 +109,7 @@ def test_image_errors_name_the_field(sdk):
 @pytest.mark.parametrize("model,inputs", [
     ("orpheus_tts", ['sampling_parameters={"max_tokens": 28, "seed": 1}']),
     ("z_image_turbo", ["size=64x64", "num_inference_steps=2"]),
+    ("flux2_klein", ["size=64x64", "num_inference_steps=2"]),
 ])
 def test_perf_analyzer_measures_each_media_model(server, tmp_path, model, inputs):
     extra = [a for value in inputs for a in ("--input", value)]

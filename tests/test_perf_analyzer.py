@@ -62,7 +62,8 @@ def test_committed_inputs_are_current():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_checkpoints):
-    with running_server(tmp_path_factory.mktemp("perf"), ["qwen3_chat"], ["qwen3_chat.ar.max_num_seqs=4"]) as s:
+    with running_server(tmp_path_factory.mktemp("perf"), ["qwen3_chat", "qwen3_5_chat"],
+                        ["qwen3_chat.ar.max_num_seqs=4", "qwen3_5_chat.ar.max_num_seqs=4"]) as s:
         yield s
 
 
@@ -82,3 +83,14 @@ def test_perf_analyzer_measures_qwen3_chat(server, tmp_path):
     assert "--streaming" in result["commands"]["qwen3_chat@1"]
     table = (tmp_path / "perf_analyzer.md").read_text()
     assert "| qwen3_chat | chat | 2 |" in table
+
+
+@pytest.mark.server
+def test_perf_analyzer_measures_qwen3_5_chat(server, tmp_path):
+    run = subprocess.run([sys.executable, "perf_analyzer_configs/run.py", "--url", server.grpc_url,
+                          "--models", "qwen3_5_chat", "--concurrency", "1", "--measurement-ms", "800",
+                          "--max-trials", "3", "--stability", "999", "--max-tokens", "8", "--timeout", "120",
+                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads((tmp_path / "perf_analyzer.json").read_text())["rows"]
+    assert [r["model"] for r in rows] == ["qwen3_5_chat"] and rows[0]["throughput_per_s"] > 0
