@@ -81,10 +81,10 @@ class MergedLinear(nn.Module):
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), with gate and up fused."""
 
-    def __init__(self, hidden: int, intermediate: int):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate])
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(dispatch.silu_and_mul(self.gate_up_proj(x)))

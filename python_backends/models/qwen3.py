@@ -1,89 +1,10 @@
-"""Qwen3 (dense) decoder for the AR engine; parameter names match `Qwen3ForCausalLM` checkpoints."""
+"""Qwen3 (dense) decoder for the AR engine; parameter names match `Qwen3ForCausalLM` checkpoints.
+The Llama layer with an RMSNorm per head on q and k."""
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from python_backends.models.attention import PagedAttention
-from python_backends.models.context import ForwardContext
-from python_backends.models.layers import GatedMLP, MergedLinear, RMSNorm, RotaryEmbedding, rope_inv_freq
+from python_backends.models.decoder import CausalLM, DecoderModel, dense_layer
 
 
-class Qwen3Attention(nn.Module):
-    def __init__(self, config, rotary: RotaryEmbedding):
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(config.hidden_size, [q, kv, kv], bias=config.attention_bias)
-        self.o_proj = nn.Linear(q, config.hidden_size, bias=config.attention_bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.rotary = rotary
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.out_sizes, dim=-1)
-        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
-        q, k = self.rotary(positions, q, k)
-        o = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), ctx)
-        return self.o_proj(o.reshape(-1, self.num_heads * self.head_dim))
-
-
-class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config, rotary: RotaryEmbedding):
-        super().__init__()
-        self.self_attn = Qwen3Attention(config, rotary)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x, residual, positions, ctx):
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, positions, ctx)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
-
-
-class Qwen3Model(nn.Module):
+class Qwen3ForCausalLM(CausalLM):
     def __init__(self, config):
-        super().__init__()
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        inv_freq, scaling = rope_inv_freq(config, head_dim)
-        rotary = RotaryEmbedding(inv_freq, config.max_position_embeddings, scaling)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, rotary) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = rotary
-
-    def forward(self, input_ids, positions, ctx):
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(x, residual, positions, ctx)
-        x, _ = self.norm(x, residual)
-        return x
-
-
-class Qwen3ForCausalLM(nn.Module):
-    # checkpoint name fragment -> (our merged module's name fragment, part index)
-    packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        self.model = Qwen3Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.model(input_ids, positions, ctx)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        super().__init__(config, DecoderModel(config, lambda i, rotary: dense_layer(config, rotary, qk_norm=True)))

@@ -20,7 +20,8 @@ from torch import nn
 
 from python_backends.models.attention import PagedAttention
 from python_backends.models.context import ForwardContext, RecurrentStateSpec
-from python_backends.models.layers import GatedMLP, MergedLinear, RMSNorm, RotaryEmbedding, rope_inv_freq
+from python_backends.models.decoder import PACKED, CausalLM, DecoderLayer, DecoderModel
+from python_backends.models.layers import GatedMLP, MergedLinear, RMSNorm, RotaryEmbedding
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -183,57 +184,20 @@ class Qwen3_5Attention(nn.Module):
         return self.o_proj(o)
 
 
-class Qwen3_5DecoderLayer(nn.Module):
-    def __init__(self, config, layer_type: str, rotary: RotaryEmbedding):
-        super().__init__()
-        self.is_linear = layer_type == "linear_attention"
-        if self.is_linear:
-            self.linear_attn = Qwen3_5GatedDeltaNet(config)
-        elif layer_type == "full_attention":
-            self.self_attn = Qwen3_5Attention(config, rotary)
-        else:
-            raise ValueError(f"unknown Qwen3.5 layer type {layer_type!r}")
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
-
-    def forward(self, x, residual, positions, ctx):
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        mixer = self.linear_attn if self.is_linear else self.self_attn
-        x = mixer(x, positions, ctx)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+def qwen3_5_layer(config, layer_type: str, rotary: RotaryEmbedding) -> DecoderLayer:
+    """A Gated DeltaNet layer or a gated attention layer, as `config.layer_types` says."""
+    if layer_type == "linear_attention":
+        mixer, name = Qwen3_5GatedDeltaNet(config), "linear_attn"
+    elif layer_type == "full_attention":
+        mixer, name = Qwen3_5Attention(config, rotary), "self_attn"
+    else:
+        raise ValueError(f"unknown Qwen3.5 layer type {layer_type!r}")
+    return DecoderLayer(config, mixer, GatedMLP(config.hidden_size, config.intermediate_size), mixer_name=name,
+                        zero_centered=True)
 
 
-class Qwen3_5Model(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        # inv_freq covers only the rotated dims (partial_rotary_factor); mrope collapses to this for text
-        inv_freq, scaling = rope_inv_freq(config, head_dim)
-        rotary = RotaryEmbedding(inv_freq, config.max_position_embeddings, scaling)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3_5DecoderLayer(config, t, rotary)
-                                    for t in config.layer_types[:config.num_hidden_layers])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
-        self.rotary = rotary
-
-    def forward(self, input_ids, positions, ctx):
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(x, residual, positions, ctx)
-        x, _ = self.norm(x, residual)
-        return x
-
-
-class Qwen3_5ForCausalLM(nn.Module):
-    # checkpoint name fragment -> (our merged module's name fragment, part index)
-    packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-              "in_proj_qkv": ("in_proj", 0), "in_proj_z": ("in_proj", 1),
+class Qwen3_5ForCausalLM(CausalLM):
+    packed = {**PACKED, "in_proj_qkv": ("in_proj", 0), "in_proj_z": ("in_proj", 1),
               "in_proj_b": ("in_proj", 2), "in_proj_a": ("in_proj", 3)}
     # multimodal checkpoints nest the decoder under model.language_model; we serve text only,
     # so the vision tower and the multi-token-prediction head are not loaded
@@ -241,15 +205,5 @@ class Qwen3_5ForCausalLM(nn.Module):
     skip_prefixes = ("model.visual.", "mtp.")
 
     def __init__(self, config):
-        super().__init__()
-        self.config = config
-        self.model = Qwen3_5Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.model(input_ids, positions, ctx)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        super().__init__(config, DecoderModel(
+            config, lambda i, rotary: qwen3_5_layer(config, config.layer_types[i], rotary), zero_centered=True))
