@@ -214,7 +214,7 @@ def speech_request(**values) -> Request:
 
 
 def test_pre_builds_prompt_sampling_and_speech(pre):
-    out = pre.run(speech_request(text="Hello.", voice="leo", response_format="FLAC",
+    out = pre.one(speech_request(text="Hello.", voice="leo", response_format="FLAC",
                                  sampling_parameters={"seed": 9, "temperature": 0.9}))
     sampling = json.loads(out["sampling"][0])
     assert out["input_ids"].tolist() == pre.tokens.prompt(pre.tokenizer, "leo", "Hello.")
@@ -222,7 +222,7 @@ def test_pre_builds_prompt_sampling_and_speech(pre):
     assert sampling["stop_token_ids"] == [pre.tokens.end_of_speech]
     assert sampling["max_tokens"] == 512 - len(out["input_ids"])       # all the room left (< 1200)
     assert json.loads(out["speech"][0]) == {"seed": 9, "response_format": "flac", "stream": False}
-    drawn = json.loads(pre.run(speech_request(text="Hi", stream=True))["speech"][0])
+    drawn = json.loads(pre.one(speech_request(text="Hi", stream=True))["speech"][0])
     assert isinstance(drawn["seed"], int) and drawn["stream"] and drawn["response_format"] == "mp3"
 
 
@@ -243,5 +243,5 @@ def test_pre_builds_prompt_sampling_and_speech(pre):
 ])
 def test_pre_refuses_bad_input(pre, values, field):
     with pytest.raises(InvalidInput) as err:
-        pre.run(speech_request(**values))
+        pre.one(speech_request(**values))
     assert field in str(err.value)

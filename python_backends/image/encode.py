@@ -36,11 +36,3 @@ class ImageEncode(Step):
         encoded = [encode_image(p, fmt, self.params.quality, self.params.png_compress_level) for p in pixels]
         return {"images": np.array(encoded, dtype=np.object_)}
 
-    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        results: list[dict | BaseException] = []
-        for req in requests:
-            try:
-                results.append(self.one(req))
-            except InvalidInput as exc:
-                results.append(exc)
-        return results

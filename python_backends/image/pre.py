@@ -16,7 +16,6 @@ import numpy as np
 
 from python_backends.image.checkpoint import load_tokenizer, model_index, pipeline_folder, vae_scale_factor
 from python_backends.image.request import ImageLimits, ImageRequest, parse_request
-from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, Step, StepContext, register, string_array
 
@@ -88,14 +87,6 @@ class ImagePre(Step):
                 "seed": np.array([r.seed], np.int64), "n": np.array([r.n], np.int32),
                 "output_format": string_array(r.output_format)}
 
-    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        results: list[dict | BaseException] = []
-        for req in requests:
-            try:
-                results.append(self.one(req))
-            except InvalidInput as exc:
-                results.append(exc)
-        return results
 
 
 @register("z_image_pre")

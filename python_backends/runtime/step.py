@@ -123,8 +123,9 @@ class ResponseSink:
 
 class Step:
     """Base of all step models. Subclasses set the class attributes and implement one of
-    `execute` (a batch in, one result or exception per request out) or, when `decoupled`,
-    `submit` (start a request; stream its responses to the sink from any thread)."""
+    `one` (a request in, its outputs out), `execute` (a batch in, one result or exception per
+    request out: for steps that batch) or, when `decoupled`, `submit` (start a request; stream its
+    responses to the sink from any thread)."""
 
     step_name: ClassVar[str] = ""
     inputs: ClassVar[tuple[TensorSpec, ...]] = ()
@@ -137,6 +138,17 @@ class Step:
         self.params = ctx.params
 
     def execute(self, requests: list[Request]) -> list[dict[str, Any] | BaseException]:
+        """Default: each request through `one` on its own; whatever it raises becomes that request's
+        error (InvalidInput -> INVALID_ARG), never its neighbours'. Steps that batch override this."""
+        results: list[dict[str, Any] | BaseException] = []
+        for req in requests:
+            try:
+                results.append(self.one(req))
+            except Exception as exc:  # noqa: BLE001 - one request's failure stays its own
+                results.append(exc)
+        return results
+
+    def one(self, request: Request) -> dict[str, Any]:
         raise NotImplementedError
 
     def submit(self, request: Request, sink: ResponseSink) -> None:

@@ -95,18 +95,11 @@ class ChatPreprocess(Step):
         return list(self.tokenizer.apply_chat_template(parse_messages(messages), add_generation_prompt=True,
                                                        tokenize=True, return_dict=False, **kwargs))
 
-    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        results: list[dict | BaseException] = []
-        for req in requests:
-            try:
-                ids = self.prompt_ids(req)
-                params = SamplingParams.from_dict(req.json(SAMPLING))
-                params.resolve(len(ids), self.params.max_model_len, len(self.tokenizer))   # validate early
-                results.append({"input_ids": np.asarray(ids, dtype=np.int32),
-                                "sampling": string_array(json.dumps(params.to_dict()))})
-            except InvalidInput as exc:
-                results.append(exc)
-        return results
+    def one(self, req: Request) -> dict:
+        ids = self.prompt_ids(req)
+        params = SamplingParams.from_dict(req.json(SAMPLING))
+        params.resolve(len(ids), self.params.max_model_len, len(self.tokenizer))   # validate early
+        return {"input_ids": np.asarray(ids, dtype=np.int32), "sampling": string_array(json.dumps(params.to_dict()))}
 
 
 @dataclass
@@ -146,13 +139,7 @@ class Detokenize(Step):
             new = new if cut < 0 else new[:cut]
         return new
 
-    def execute(self, requests: list[Request]) -> list[dict]:
-        out = []
-        for req in requests:
-            ids = req.get("token_ids").tolist()
-            text = self.text(ids, int(req.scalar("num_context")), req.string("stop_text"))
-            out.append({"text_output": string_array(text),
-                        "finish_reason": req.get("finish_reason"),
-                        "prompt_tokens": req.get("prompt_tokens"),
-                        "completion_tokens": req.get("completion_tokens")})
-        return out
+    def one(self, req: Request) -> dict:
+        text = self.text(req.get("token_ids").tolist(), int(req.scalar("num_context")), req.string("stop_text"))
+        return {"text_output": string_array(text), "finish_reason": req.get("finish_reason"),
+                "prompt_tokens": req.get("prompt_tokens"), "completion_tokens": req.get("completion_tokens")}

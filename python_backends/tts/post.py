@@ -28,7 +28,7 @@ class SpeechPost(Step):
         TensorSpec("finish_reason", "TYPE_STRING", (1,)),
     )
 
-    def run(self, req: Request) -> dict:
+    def one(self, req: Request) -> dict:
         speech = Speech.from_request(req)
         wave, rate = req.get("waveform"), int(req.scalar("sample_rate"))
         if speech.stream:
@@ -40,11 +40,3 @@ class SpeechPost(Step):
                 "sample_rate": np.asarray([rate], dtype=np.int32),
                 "finish_reason": req.get("finish_reason")}
 
-    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        results: list[dict | BaseException] = []
-        for req in requests:
-            try:
-                results.append(self.run(req))
-            except Exception as exc:  # noqa: BLE001 - one request's failure stays its own
-                results.append(exc)
-        return results

@@ -64,7 +64,7 @@ class OrpheusPre(Step):
             params.max_tokens = min(self.params.max_tokens, self.params.max_model_len - prompt_len)
         return params.resolve(prompt_len, self.params.max_model_len, len(self.tokenizer))
 
-    def run(self, req: Request) -> dict:
+    def one(self, req: Request) -> dict:
         p = self.params
         speech = parse_speech(req, p.voices, p.default_voice, p.max_text_chars)
         reject_reference(req, p.voices)
@@ -78,11 +78,3 @@ class OrpheusPre(Step):
                 "sampling": string_array(json.dumps(params.to_dict())),
                 "speech": Speech(params.seed, speech.response_format, speech.stream).tensor()}
 
-    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        results: list[dict | BaseException] = []
-        for req in requests:
-            try:
-                results.append(self.run(req))
-            except InvalidInput as exc:
-                results.append(exc)
-        return results
