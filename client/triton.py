@@ -18,13 +18,19 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client.tensors import as_array, make_inputs
 
 Outputs = dict[str, np.ndarray]          # one response's tensors, batch dimension removed
 Values = dict[str, tuple[Any, str]]       # input name -> (value, Triton dtype); None: left out
+
+
+def _http():
+    """tritonclient.http, imported on first use: gRPC-only installs (no gevent) still work."""
+    import tritonclient.http as httpclient
+
+    return httpclient
 
 
 def is_http(url: str) -> bool:
@@ -87,7 +93,7 @@ def _grpc_responses(url: str, model: str, values: Values, timeout_s: float,
 def model_config(url: str, model: str) -> dict:
     """The model's config as JSON (over HTTP or gRPC, following the url)."""
     if is_http(url):
-        client = httpclient.InferenceServerClient(host_port(url))
+        client = _http().InferenceServerClient(host_port(url))
         try:
             return client.get_model_config(model)
         finally:
@@ -108,6 +114,7 @@ def _http_responses(url: str, model: str, values: Values, timeout_s: float) -> I
     if is_decoupled(config):
         yield from _generate_stream(url, model, values, timeout_s)
         return
+    httpclient = _http()
     client = httpclient.InferenceServerClient(host_port(url), connection_timeout=timeout_s, network_timeout=timeout_s)
     try:
         names = [o["name"] for o in config.get("output", [])]

@@ -59,6 +59,30 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
     return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
+def qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,
+                       k_cache, v_cache, slot_mapping):
+    ops = _kernel(q)
+    if ops is not None and hasattr(ops, "qk_norm_rope_store") and (q_weight is None or q_weight.dtype == q.dtype):
+        return ops.qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,
+                                      k_cache, v_cache, slot_mapping)
+    return reference.qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,
+                                        k_cache, v_cache, slot_mapping)
+
+
+def causal_conv1d_update(x, conv_state, weight, slots):
+    ops = _kernel(x)
+    if ops is not None and hasattr(ops, "causal_conv1d_update"):
+        return ops.causal_conv1d_update(x, conv_state, weight, slots)
+    return reference.causal_conv1d_update(x, conv_state, weight, slots)
+
+
+def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weight, eps):
+    ops = _kernel(q)
+    if ops is not None and hasattr(ops, "gated_delta_decode"):
+        return ops.gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weight, eps)
+    return reference.gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weight, eps)
+
+
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len):
     ops = _kernel(q)
     if ops is not None and hasattr(ops, "paged_decode_attention"):

@@ -48,6 +48,48 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
 
 
+def qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,
+                       k_cache, v_cache, slot_mapping):
+    """Per-head RMSNorm of q and k (when weights are given), rotary on both, then k (rotated) and v
+    written into the paged caches. Returns the new (q, k)."""
+    if q_weight is not None:
+        q = rms_norm(q, q_weight, eps, None, zero_centered)
+        k = rms_norm(k, k_weight, eps, None, zero_centered)
+    q, k = rotary(q, k, cos, sin, positions)
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q, k
+
+
+def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                         slots: torch.Tensor) -> torch.Tensor:
+    """One decode step of a depthwise causal conv + silu. x [B, C] new inputs; conv_state [S, C, K-1]
+    (the previous K-1 inputs of each slot, shifted in place); weight [C, K] -> [B, C]."""
+    windows = torch.cat([conv_state[slots], x[:, :, None].to(conv_state.dtype)], dim=-1)   # [B, C, K]
+    conv_state[slots] = windows[..., 1:]
+    return F.silu(torch.einsum("bck,ck->bc", windows, weight))
+
+
+def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weight, eps):
+    """One decode step of Gated DeltaNet (Qwen3.5's linear attention) with its gated output norm.
+
+    q, k [B, Hk, dk], v [B, Hv, dv], z [B, Hv, dv]: conv outputs and the gate, model dtype; a, b [B, Hv]:
+    the decay and write-strength projections; state [S, Hv, dk, dv] fp32, updated in place at slots.
+    Each key head serves Hv / Hk consecutive value heads. Returns [B, Hv, dv] in v's dtype."""
+    Hv, dk = v.shape[1], q.shape[-1]
+    rep = Hv // q.shape[1]
+    l2 = lambda x: x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)           # noqa: E731
+    qf = (l2(q.float()) * dk ** -0.5).repeat_interleave(rep, dim=1)
+    kf = l2(k.float()).repeat_interleave(rep, dim=1)
+    beta = b.sigmoid().float()
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    s = state[slots] * g.exp()[..., None, None]
+    delta = (v.float() - torch.einsum("bhk,bhkv->bhv", kf, s)) * beta[..., None]
+    s = s + kf[..., :, None] * delta[..., None, :]
+    state[slots] = s
+    o = torch.einsum("bhk,bhkv->bhv", qf, s).to(v.dtype)
+    return (rms_norm(o, norm_weight, eps).float() * F.silu(z.float())).to(v.dtype)
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            max_context_len: int) -> torch.Tensor:

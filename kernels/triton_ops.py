@@ -9,6 +9,10 @@ They are written for the GPU (H200) and also run on the CPU under the Triton int
     rotary                   rotate-half RoPE on q and k in one launch (partial rotary allowed)
     silu_and_mul             silu(gate) * up for a fused gate/up projection
     store_kv                 scatter new k/v into the paged caches (slot -1 is skipped)
+    qk_norm_rope_store       per-head RMSNorm of q and k (optional) + rotary + the k/v cache write, one launch
+    causal_conv1d_update     a decode step of the depthwise causal conv + silu, shifting each slot's window
+    gated_delta_decode       a decode step of Gated DeltaNet (l2-normed q/k, decay, delta-rule state update,
+                             read-out) and its gated RMSNorm, one program per (sequence, value head)
     paged_decode_attention   one query token per sequence over its paged context, GQA-grouped and
                              split across programs (flash-decoding) with a fixed number of splits
 """
@@ -292,6 +296,256 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 # --------------------------------------------------------------------------------------------------
+# q/k RMSNorm + rotary + KV-cache write, fused (one launch where the unfused path takes four)
+# --------------------------------------------------------------------------------------------------
+#
+# Program (t, j): token t, heads j*BLOCK_H ... of the q heads followed by the k heads. Every head is
+# read as its rotated halves plus the pass-through rest, normalised over all three, rotated, written;
+# k heads also write themselves and their v head into the caches (slot -1: padding, no write).
+# Rounding follows the unfused reference: norm output rounded to the input dtype, then rotary.
+
+@triton.jit
+def _qk_norm_rope_store_kernel(
+    q_ptr, k_ptr, v_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, kc_ptr, vc_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    Hq, Hk, D, HALF, block_size, eps,
+    HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_REST: tl.constexpr, HAS_REST: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    is_q = heads < Hq
+    is_k = (heads >= Hq) & (heads < Hq + Hk)
+    hk = heads - Hq
+
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    keep = slot >= 0
+    slot = tl.maximum(slot, 0)
+    cache_block, cache_row = slot // block_size, slot % block_size
+
+    offs = tl.arange(0, BLOCK_HALF)
+    dmask = offs < HALF
+    offs_r = 2 * HALF + tl.arange(0, BLOCK_REST)
+    rmask = offs_r < D
+    mq, mk = is_q[:, None] & dmask[None, :], is_k[:, None] & dmask[None, :]
+    mqr, mkr = is_q[:, None] & rmask[None, :], is_k[:, None] & rmask[None, :]
+    q_in = q_ptr + t * stride_qt + heads[:, None] * stride_qh
+    k_in = k_ptr + t * stride_kt + hk[:, None] * stride_kh
+
+    x1 = tl.where(mq, tl.load(q_in + offs[None, :], mask=mq, other=0.0),
+                  tl.load(k_in + offs[None, :], mask=mk, other=0.0))
+    x2 = tl.where(mq, tl.load(q_in + HALF + offs[None, :], mask=mq, other=0.0),
+                  tl.load(k_in + HALF + offs[None, :], mask=mk, other=0.0))
+    if HAS_REST:
+        xr = tl.where(mqr, tl.load(q_in + offs_r[None, :], mask=mqr, other=0.0),
+                      tl.load(k_in + offs_r[None, :], mask=mkr, other=0.0))
+    dtype = x1.dtype
+
+    if HAS_NORM:
+        h1, h2 = x1.to(tl.float32), x2.to(tl.float32)
+        ss = tl.sum(h1 * h1, axis=1) + tl.sum(h2 * h2, axis=1)
+        if HAS_REST:
+            hr = xr.to(tl.float32)
+            ss += tl.sum(hr * hr, axis=1)
+        inv = tl.rsqrt(ss / D + eps)[:, None]
+        qsel = is_q[:, None]
+        w1 = tl.where(qsel, tl.load(qw_ptr + offs, mask=dmask, other=0.0)[None, :],
+                      tl.load(kw_ptr + offs, mask=dmask, other=0.0)[None, :]).to(tl.float32)
+        w2 = tl.where(qsel, tl.load(qw_ptr + HALF + offs, mask=dmask, other=0.0)[None, :],
+                      tl.load(kw_ptr + HALF + offs, mask=dmask, other=0.0)[None, :]).to(tl.float32)
+        if ZERO_CENTERED:
+            x1 = (h1 * inv * (1.0 + w1)).to(dtype)
+            x2 = (h2 * inv * (1.0 + w2)).to(dtype)
+        else:
+            x1 = (w1 * (h1 * inv).to(dtype).to(tl.float32)).to(dtype)
+            x2 = (w2 * (h2 * inv).to(dtype).to(tl.float32)).to(dtype)
+        if HAS_REST:
+            wr = tl.where(qsel, tl.load(qw_ptr + offs_r, mask=rmask, other=0.0)[None, :],
+                          tl.load(kw_ptr + offs_r, mask=rmask, other=0.0)[None, :]).to(tl.float32)
+            if ZERO_CENTERED:
+                xr = (hr * inv * (1.0 + wr)).to(dtype)
+            else:
+                xr = (wr * (hr * inv).to(dtype).to(tl.float32)).to(dtype)
+
+    c = tl.load(cos_ptr + pos * stride_cos + offs, mask=dmask, other=0.0)[None, :]
+    s = tl.load(sin_ptr + pos * stride_sin + offs, mask=dmask, other=0.0)[None, :]
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    o1 = (x1f * c - x2f * s).to(dtype)
+    o2 = (x2f * c + x1f * s).to(dtype)
+
+    q_out = qo_ptr + t * Hq * D + heads[:, None] * D
+    k_out = ko_ptr + t * Hk * D + hk[:, None] * D
+    kc = kc_ptr + cache_block * stride_kcb + cache_row * stride_kcs + hk[:, None] * stride_kch
+    mkc, mkrc = mk & keep, mkr & keep
+    tl.store(q_out + offs[None, :], o1, mask=mq)
+    tl.store(q_out + HALF + offs[None, :], o2, mask=mq)
+    tl.store(k_out + offs[None, :], o1, mask=mk)
+    tl.store(k_out + HALF + offs[None, :], o2, mask=mk)
+    tl.store(kc + offs[None, :], o1, mask=mkc)
+    tl.store(kc + HALF + offs[None, :], o2, mask=mkc)
+    if HAS_REST:
+        tl.store(q_out + offs_r[None, :], xr, mask=mqr)
+        tl.store(k_out + offs_r[None, :], xr, mask=mkr)
+        tl.store(kc + offs_r[None, :], xr, mask=mkrc)
+
+    # v: copied as it is, by the programs of the k heads
+    v_in = v_ptr + t * stride_vt + hk[:, None] * stride_vh
+    vc = vc_ptr + cache_block * stride_vcb + cache_row * stride_vcs + hk[:, None] * stride_vch
+    tl.store(vc + offs[None, :], tl.load(v_in + offs[None, :], mask=mkc, other=0.0), mask=mkc)
+    tl.store(vc + HALF + offs[None, :], tl.load(v_in + HALF + offs[None, :], mask=mkc, other=0.0), mask=mkc)
+    if HAS_REST:
+        tl.store(vc + offs_r[None, :], tl.load(v_in + offs_r[None, :], mask=mkrc, other=0.0), mask=mkrc)
+
+
+def qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,
+                       k_cache, v_cache, slot_mapping):
+    """q [T, Hq, D], k/v [T, Hk, D] (strided views are fine); q_weight/k_weight [D] or None (no norm)
+    -> new contiguous (q, k), normalised and rotated; k (rotated) and v written into the caches."""
+    T, Hq, D = q.shape
+    Hk = k.shape[1]
+    half = cos.shape[-1]
+    assert k.shape == v.shape == (T, Hk, D) and k.dtype == v.dtype == q.dtype and q.dtype in _FLOATS
+    assert cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape and 2 * half <= D
+    assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (Hk, D) and k_cache.dtype == q.dtype
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "cache head_dim must be contiguous"
+    assert positions.shape == slot_mapping.shape == (T,)
+    has_norm = q_weight is not None
+    if has_norm:
+        assert q_weight.shape == k_weight.shape == (D,) and q_weight.dtype == k_weight.dtype == q.dtype
+        q_weight, k_weight = q_weight.contiguous(), k_weight.contiguous()
+    else:
+        q_weight = k_weight = cos                          # unused
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q_out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((T, Hk, D), dtype=k.dtype, device=k.device)
+    if T == 0:
+        return q_out, k_out
+    BLOCK_HALF = triton.next_power_of_2(half)
+    BLOCK_REST = triton.next_power_of_2(max(D - 2 * half, 1))
+    BLOCK_H = min(triton.next_power_of_2(Hq + Hk), max(1, 2048 // (2 * BLOCK_HALF)))
+    _qk_norm_rope_store_kernel[(T, triton.cdiv(Hq + Hk, BLOCK_H))](
+        q, k, v, q_out, k_out, q_weight, k_weight, cos, sin, positions.contiguous(), slot_mapping.contiguous(),
+        k_cache, v_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        Hq, Hk, D, half, k_cache.shape[1], eps,
+        HAS_NORM=has_norm, ZERO_CENTERED=zero_centered, BLOCK_H=BLOCK_H, BLOCK_HALF=BLOCK_HALF,
+        BLOCK_REST=BLOCK_REST, HAS_REST=2 * half < D, num_warps=4,
+    )
+    return q_out, k_out
+
+
+# --------------------------------------------------------------------------------------------------
+# Gated DeltaNet decode (Qwen3.5's linear-attention layers)
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _conv1d_update_kernel(x_ptr, state_ptr, w_ptr, y_ptr, slot_ptr, C, stride_xb, stride_ss, stride_sc, stride_wc,
+                          K: tl.constexpr, BLOCK_C: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < C
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    row = state_ptr + slot * stride_ss + c * stride_sc
+    x = tl.load(x_ptr + b * stride_xb + c, mask=cmask, other=0.0)
+    acc = x.to(tl.float32) * tl.load(w_ptr + c * stride_wc + (K - 1), mask=cmask, other=0.0).to(tl.float32)
+    prev = tl.load(row, mask=cmask, other=0.0)                      # the oldest tap: read, not kept
+    for j in tl.static_range(K - 1):
+        acc += prev.to(tl.float32) * tl.load(w_ptr + c * stride_wc + j, mask=cmask, other=0.0).to(tl.float32)
+        if j < K - 2:
+            prev = tl.load(row + (j + 1), mask=cmask, other=0.0)
+            tl.store(row + j, prev, mask=cmask)                     # shift the window left by one
+    tl.store(row + (K - 2), x.to(state_ptr.dtype.element_ty), mask=cmask)
+    h = acc.to(x.dtype).to(tl.float32)                              # the conv's output dtype, then silu
+    tl.store(y_ptr + b * C + c, (h / (1.0 + tl.exp(-h))).to(y_ptr.dtype.element_ty), mask=cmask)
+
+
+def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                         slots: torch.Tensor) -> torch.Tensor:
+    """x [B, C] (rows may be strided), conv_state [S, C, K-1] (in place), weight [C, K] -> silu(conv) [B, C]."""
+    B, C = x.shape
+    K = weight.shape[1]
+    assert conv_state.shape[1:] == (C, K - 1) and K >= 2 and conv_state.stride(-1) == 1 and weight.stride(-1) == 1
+    assert x.stride(-1) == 1 and slots.shape == (B,)
+    y = torch.empty((B, C), dtype=x.dtype, device=x.device)
+    if B == 0:
+        return y
+    BLOCK_C = 256
+    _conv1d_update_kernel[(B, triton.cdiv(C, BLOCK_C))](
+        x, conv_state, weight, y, slots.contiguous(), C, x.stride(0), conv_state.stride(0), conv_state.stride(1),
+        weight.stride(0), K=K, BLOCK_C=BLOCK_C, num_warps=4)
+    return y
+
+
+@triton.jit
+def _gated_delta_decode_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, state_ptr, slot_ptr, z_ptr, nw_ptr, out_ptr,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ab, stride_bb, stride_zb, stride_zh,
+    stride_ss, stride_sh, DK, DV, REP, q_scale, eps,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    bi = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    hk = h // REP
+    kd = tl.arange(0, BLOCK_K)
+    vd = tl.arange(0, BLOCK_V)
+    kmask, vmask = kd < DK, vd < DV
+    slot = tl.load(slot_ptr + bi).to(tl.int64)
+
+    q = tl.load(q_ptr + bi * stride_qb + hk * stride_qh + kd, mask=kmask, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + bi * stride_kb + hk * stride_kh + kd, mask=kmask, other=0.0).to(tl.float32)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * q_scale
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+    v_raw = tl.load(v_ptr + bi * stride_vb + h * stride_vh + vd, mask=vmask, other=0.0)
+    v = v_raw.to(tl.float32)
+
+    b_in = tl.load(b_ptr + bi * stride_bb + h)
+    beta = (1.0 / (1.0 + tl.exp(-b_in.to(tl.float32)))).to(b_in.dtype).to(tl.float32)   # sigmoid in b's dtype
+    x = tl.load(a_ptr + bi * stride_ab + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus
+
+    s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + kd[:, None] * DV + vd[None, :]
+    smask = kmask[:, None] & vmask[None, :]
+    S = tl.load(s_ptrs, mask=smask, other=0.0) * tl.exp(g)
+    delta = (v - tl.sum(k[:, None] * S, axis=0)) * beta
+    S = S + k[:, None] * delta[None, :]
+    tl.store(s_ptrs, S, mask=smask)
+    o = tl.sum(q[:, None] * S, axis=0).to(v_raw.dtype).to(tl.float32)
+
+    # gated RMSNorm over the head: weight * norm(o) in the model dtype, times silu(z)
+    o = o * tl.rsqrt(tl.sum(tl.where(vmask, o * o, 0.0), axis=0) / DV + eps)
+    w = tl.load(nw_ptr + vd, mask=vmask, other=0.0)
+    y = (w.to(tl.float32) * o.to(v_raw.dtype).to(tl.float32)).to(w.dtype).to(tl.float32)
+    z = tl.load(z_ptr + bi * stride_zb + h * stride_zh + vd, mask=vmask, other=0.0).to(tl.float32)
+    y = y * (z / (1.0 + tl.exp(-z)))
+    tl.store(out_ptr + (bi * (tl.num_programs(1)) + h) * DV + vd, y.to(out_ptr.dtype.element_ty), mask=vmask)
+
+
+def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weight, eps):
+    """See kernels.reference.gated_delta_decode. Strided head views are fine (unit last stride)."""
+    B, Hk, DK = q.shape
+    Hv, DV = v.shape[1], v.shape[2]
+    assert k.shape == q.shape and z.shape == v.shape and a.shape == b.shape == (B, Hv) and Hv % Hk == 0
+    assert state.shape[1:] == (Hv, DK, DV) and state.dtype == torch.float32 and state.stride(-1) == 1
+    assert state.stride(-2) == DV and norm_weight.dtype == v.dtype
+    assert all(t.stride(-1) == 1 for t in (q, k, v, z, a, b))
+    out = torch.empty((B, Hv, DV), dtype=v.dtype, device=v.device)
+    if B == 0:
+        return out
+    _gated_delta_decode_kernel[(B, Hv)](
+        q, k, v, a, b, A_log, dt_bias, state, slots.contiguous(), z, norm_weight.contiguous(), out,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
+        z.stride(0), z.stride(1), state.stride(0), state.stride(1), DK, DV, Hv // Hk, DK ** -0.5, eps,
+        BLOCK_K=triton.next_power_of_2(DK), BLOCK_V=triton.next_power_of_2(DV), num_warps=8,
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
 # Paged decode attention (flash-decoding)
 # --------------------------------------------------------------------------------------------------
 #
@@ -348,6 +602,9 @@ def _paged_decode_kernel(
         kv_mask = nmask[:, None] & dmask[None, :]
         k = tl.load(k_head + block[:, None] * stride_kb + row[:, None] * stride_ks + d[None, :],
                     mask=kv_mask, other=0.0)
+        # v is loaded before the softmax so that both loads are in flight together
+        v = tl.load(v_head + block[:, None] * stride_vb + row[:, None] * stride_vs + d[None, :],
+                    mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # [BLOCK_G, BLOCK_N]
         s = tl.where(nmask[None, :], s, float("-inf"))
 
@@ -355,8 +612,6 @@ def _paged_decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_head + block[:, None] * stride_vb + row[:, None] * stride_vs + d[None, :],
-                    mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -405,14 +660,14 @@ def _num_sms(device: torch.device) -> int:
 
 
 MAX_SPLITS = 32
-MIN_TOKENS_PER_SPLIT = 256
+MIN_TOKENS_PER_SPLIT = 64
 
 
 def decode_num_splits(batch: int, num_kv_heads: int, max_blocks: int, block_size: int, device: torch.device) -> int:
     """How many ways to split each context, from shapes alone (batch, kv heads, block-table width), so the
     value is fixed for a captured CUDA graph: about 4 programs per SM (measured best on an H200 for
     B=1..256, Hk=2..8, contexts 512..16K), none once B * Hk fills 2 waves by itself, and no split
-    shorter than MIN_TOKENS_PER_SPLIT of table capacity (not worth its reduce)."""
+    shorter than MIN_TOKENS_PER_SPLIT (one tile) of table capacity."""
     want = 4 * _num_sms(device) // (batch * num_kv_heads)
     by_capacity = triton.cdiv(max_blocks * block_size, MIN_TOKENS_PER_SPLIT)
     return max(1, min(want, by_capacity, MAX_SPLITS))

@@ -23,9 +23,17 @@ TINY = ROOT / "checkpoints" / "tiny"
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints() -> dict[str, Path]:
-    from converters.tiny import build
+    """name -> folder of every tiny checkpoint whose builder can run here (a GPU machine may lack the
+    reference packages some builders use, e.g. snac; the tests that need those are CPU tests)."""
+    from converters.tiny import build, builders
 
-    return build(TINY)
+    folders: dict[str, Path] = {}
+    for name in builders():
+        try:
+            folders.update(build(TINY, [name]))
+        except ModuleNotFoundError as exc:
+            print(f"tiny checkpoint {name} not built: {exc}")
+    return folders
 
 
 @contextlib.contextmanager

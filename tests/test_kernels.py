@@ -150,6 +150,82 @@ def test_silu_and_mul_large(dtype):
     _close(ops.silu_and_mul(x), reference.silu_and_mul(x), TOL[dtype])
 
 
+# ------------------------------------------------------------------------- q/k norm + rotary + store
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,Hq,Hk,D,R", [(1, 4, 2, 16, 16), (5, 8, 2, 40, 24), (3, 3, 1, 64, 64), (4, 16, 8, 128, 128)])
+@pytest.mark.parametrize("norm", [None, "plain", "zero_centered"])
+def test_qk_norm_rope_store(dtype, T, Hq, Hk, D, R, norm):
+    """The fused kernel equals norm -> rotary -> store_kv, on strided views of a fused projection whose
+    q heads carry a gate after the query (Qwen3.5's layout), with padding slots skipped."""
+    g = _gen(11)
+    max_pos, block_size, num_blocks = 40, 16, 3
+    cos, sin = _rope_tables(max_pos, R)
+    qkv = _randn(T, (2 * Hq + 2 * Hk) * D, dtype=dtype, gen=g) * 2
+    qg, k, v = qkv.split([2 * Hq * D, Hk * D, Hk * D], dim=-1)
+    q = qg.view(T, Hq, 2 * D)[..., :D]
+    k, v = k.view(T, Hk, D), v.view(T, Hk, D)
+    zero_centered = norm == "zero_centered"
+    qw = kw = None
+    if norm:
+        qw = _randn(D, dtype=dtype, gen=g) * (0.1 if zero_centered else 1.0)
+        kw = _randn(D, dtype=dtype, gen=g) * (0.1 if zero_centered else 1.0)
+    positions = torch.randint(0, max_pos, (T,), generator=g, device=DEVICE)
+    slots = torch.randperm(num_blocks * block_size, generator=g, device=DEVICE)[:T]
+    if T > 1:
+        slots[1] = -1
+    caches = [_randn(num_blocks, block_size, Hk, D, dtype=dtype, gen=g) for _ in range(2)]
+    ref_caches = [c.clone() for c in caches]
+    oq, ok = ops.qk_norm_rope_store(q, k, v, qw, kw, 1e-6, zero_centered, cos, sin, positions, *caches, slots)
+    rq, rk = reference.qk_norm_rope_store(q, k, v, qw, kw, 1e-6, zero_centered, cos, sin, positions,
+                                          *ref_caches, slots)
+    _close(oq, rq, TOL[dtype])
+    _close(ok, rk, TOL[dtype])
+    _close(caches[0], ref_caches[0], TOL[dtype])
+    assert torch.equal(caches[1], ref_caches[1])         # v is copied exactly, padding untouched
+
+
+# ----------------------------------------------------------------------------- Gated DeltaNet decode
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,C,K", [(1, 40, 4), (5, 300, 4), (3, 64, 2)])
+def test_causal_conv1d_update(dtype, B, C, K):
+    g = _gen(13)
+    slots_total = 7
+    x = _randn(B, C + 5, dtype=dtype, gen=g)[:, :C]                  # a strided slice of a projection
+    state = _randn(slots_total, C, K - 1, dtype=dtype, gen=g)
+    w = _randn(C, K, dtype=dtype, gen=g)
+    slots = torch.randperm(slots_total, generator=g, device=DEVICE)[:B]
+    ref_state = state.clone()
+    out = ops.causal_conv1d_update(x, state, w, slots)
+    ref = reference.causal_conv1d_update(x, ref_state, w, slots)
+    _close(out, ref, TOL[dtype])
+    assert torch.equal(state, ref_state)                            # the window shifts exactly
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,Hk,Hv,DK,DV", [(1, 2, 4, 16, 16), (3, 1, 2, 32, 24), (2, 2, 2, 128, 128)])
+def test_gated_delta_decode(dtype, B, Hk, Hv, DK, DV):
+    g = _gen(14)
+    slots_total = 5
+    width = 2 * Hk * DK + Hv * DV
+    mixed = _randn(B, width, dtype=dtype, gen=g)
+    q, k, v = mixed.split([Hk * DK, Hk * DK, Hv * DV], dim=-1)
+    q, k, v = q.view(B, Hk, DK), k.view(B, Hk, DK), v.view(B, Hv, DV)
+    proj = _randn(B, Hv * DV + 2 * Hv, dtype=dtype, gen=g)
+    z, b, a = proj.split([Hv * DV, Hv, Hv], dim=-1)
+    z = z.view(B, Hv, DV)
+    A_log, dt_bias = _randn(Hv, dtype=dtype, gen=g) * 0.5, _randn(Hv, dtype=dtype, gen=g)
+    norm_w = 1 + 0.1 * _randn(DV, dtype=dtype, gen=g)
+    state = _randn(slots_total, Hv, DK, DV, gen=g) * 0.3
+    slots = torch.randperm(slots_total, generator=g, device=DEVICE)[:B]
+    ref_state = state.clone()
+    out = ops.gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_w, 1e-6)
+    ref = reference.gated_delta_decode(q, k, v, a, b, A_log, dt_bias, ref_state, slots, z, norm_w, 1e-6)
+    _close(out, ref, ATTN_TOL[dtype])
+    torch.testing.assert_close(state, ref_state, atol=1e-5, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------- kv writes
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -24,9 +24,14 @@ class PagedAttention(nn.Module):
     def cache_spec(self) -> AttentionCacheSpec:
         return AttentionCacheSpec(self.num_kv_heads, self.head_dim)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """q: [T, Hq, D], k/v: [T, Hk, D] -> [T, Hq, D]."""
-        dispatch.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                ctx: ForwardContext, rotary, q_norm=None, k_norm=None) -> torch.Tensor:
+        """q: [T, Hq, D], k/v: [T, Hk, D] as projected -> [T, Hq, D]. q and k are normalised per head
+        (when norms are given) and rotated, and k/v written into the cache: one kernel on the GPU."""
+        q_w, k_w = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
+        eps, zero_centered = (q_norm.eps, q_norm.zero_centered) if q_norm is not None else (0.0, False)
+        q, k = dispatch.qk_norm_rope_store(q, k, v, q_w, k_w, eps, zero_centered, rotary.cos, rotary.sin, positions,
+                                           self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
             return dispatch.prefill_attention(q, k, v, ctx.seq_lens, self.scale)
         return dispatch.paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables,

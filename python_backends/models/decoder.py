@@ -42,10 +42,8 @@ class Attention(nn.Module):
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.out_sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        o = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), ctx)
+        o = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), positions, ctx, self.rotary,
+                      *((self.q_norm, self.k_norm) if self.qk_norm else ()))
         return self.o_proj(o.reshape(-1, self.num_heads * self.head_dim))
 
 

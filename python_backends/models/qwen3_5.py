@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import dispatch
 from python_backends.models.attention import PagedAttention
 from python_backends.models.context import ForwardContext, RecurrentStateSpec
 from python_backends.models.decoder import PACKED, CausalLM, DecoderLayer, DecoderModel
@@ -29,10 +30,11 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, state, chunk_size: int = 64):
-    """The delta rule over one whole sequence, `chunk_size` tokens at a time (all fp32).
+    """The delta rule over whole sequences, `chunk_size` tokens at a time (all fp32).
 
-    q, k: [H, L, dk]; v: [H, L, dv]; g (log decay), beta: [H, L]; state: [H, dk, dv], the state
-    before the first token. Returns (outputs [H, L, dv], state after the last token).
+    q, k: [..., H, L, dk]; v: [..., H, L, dv]; g (log decay), beta: [..., H, L]; state: [..., H, dk, dv],
+    the state before the first token (leading dims: sequences of the same length, run together).
+    Returns (outputs [..., H, L, dv], state after the last token).
 
     Within a chunk, with G_t = g_1 + ... + g_t (so Gamma_t = exp(G_t) is the decay since the chunk
     start) and S the state before the chunk, the recurrence unrolls to
@@ -41,33 +43,24 @@ def chunk_gated_delta_rule(q, k, v, g, beta, state, chunk_size: int = 64):
         S' = Gamma_n S + (K * Gamma_n / Gamma)^T U
     so each chunk costs a few matmuls and one unit-lower-triangular solve instead of n steps.
     """
-    length = q.shape[1]
+    length = q.shape[-2]
     out = torch.empty_like(v)
     for start in range(0, length, chunk_size):
         end = min(start + chunk_size, length)
-        qc, kc, vc, bc = q[:, start:end], k[:, start:end], v[:, start:end], beta[:, start:end, None]
-        G = g[:, start:end].cumsum(-1)                                       # [H, n]
+        qc, kc, vc = q[..., start:end, :], k[..., start:end, :], v[..., start:end, :]
+        bc = beta[..., start:end, None]
+        G = g[..., start:end].cumsum(-1)                                     # [..., H, n]
         n = end - start
         causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         # decay between token s and token t; masked before exp so the upper triangle cannot overflow
-        D = (G[:, :, None] - G[:, None, :]).masked_fill(~causal, float("-inf")).exp()
+        D = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()
         A = (bc * kc) @ kc.transpose(-1, -2) * D      # only its strict lower triangle is read below
         rhs = bc * vc - (bc * G.exp()[..., None] * kc) @ state
         U = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
-        out[:, start:end] = (qc * G.exp()[..., None]) @ state + (qc @ kc.transpose(-1, -2) * D) @ U
-        last = G[:, -1:]                                                     # [H, 1]
+        out[..., start:end, :] = (qc * G.exp()[..., None]) @ state + (qc @ kc.transpose(-1, -2) * D) @ U
+        last = G[..., -1:]                                                   # [..., H, 1]
         state = state * last.exp()[..., None] + (kc * (last - G).exp()[..., None]).transpose(-1, -2) @ U
     return out, state
-
-
-def recurrent_gated_delta_step(q, k, v, g, beta, state):
-    """One token for each of B sequences. q, k: [B, H, dk]; v: [B, H, dv]; g, beta: [B, H];
-    state: [B, H, dk, dv] (fp32). Returns (outputs [B, H, dv], new state)."""
-    state = state * g.exp()[..., None, None]
-    predicted = torch.einsum("bhk,bhkv->bhv", k, state)       # what the decayed state recalls for k
-    delta = (v - predicted) * beta[..., None]
-    state = state + k[..., :, None] * delta[..., None, :]
-    return torch.einsum("bhk,bhkv->bhv", q, state), state
 
 
 class GatedRMSNorm(RMSNorm):
@@ -106,30 +99,35 @@ class Qwen3_5GatedDeltaNet(nn.Module):
         return RecurrentStateSpec(conv_shape=(self.conv_dim, self.kernel_size - 1),
                                   state_shape=(self.num_v_heads, self.head_k_dim, self.head_v_dim))
 
-    def _conv(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """silu(causal depthwise conv) of x [T, conv_dim]; refreshes each sequence's conv window."""
+    def _prefill_conv(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """silu(causal depthwise conv) of the packed prompts x [T, conv_dim]; keeps each prompt's last window."""
         K = self.kernel_size
-        if ctx.is_prefill:
-            # every token's window of K inputs ending at itself; taps before its prompt's start
-            # (position < 0) are zero, so packed prompts do not see each other
-            offsets = torch.arange(1 - K, 1, device=x.device)
-            rows = torch.arange(x.shape[0], device=x.device)[:, None] + offsets          # [T, K]
-            valid = (positions[:, None] + offsets >= 0).to(x.dtype)
-            windows = x[rows.clamp(min=0)] * valid[..., None]                            # [T, K, C]
-            # a prompt's last window minus its oldest tap is what its first decode step extends;
-            # copied whole, so a reused slot keeps nothing of its previous request
-            last = ctx.cu_seqlens[1:].long() - 1
-            self.conv_state.index_copy_(0, ctx.state_slots, windows[last, 1:].transpose(1, 2).to(self.conv_state.dtype))
-        else:
-            windows = torch.cat([self.conv_state[ctx.state_slots], x[:, :, None]], dim=-1)  # [B, C, K]
-            self.conv_state[ctx.state_slots] = windows[..., 1:]
-            windows = windows.transpose(1, 2)
+        # every token's window of K inputs ending at itself; taps before its prompt's start
+        # (position < 0) are zero, so packed prompts do not see each other
+        offsets = torch.arange(1 - K, 1, device=x.device)
+        rows = torch.arange(x.shape[0], device=x.device)[:, None] + offsets          # [T, K]
+        valid = (positions[:, None] + offsets >= 0).to(x.dtype)
+        windows = x[rows.clamp(min=0)] * valid[..., None]                            # [T, K, C]
+        # a prompt's last window minus its oldest tap is what its first decode step extends;
+        # copied whole, so a reused slot keeps nothing of its previous request
+        last = ctx.cu_seqlens[1:].long() - 1
+        self.conv_state.index_copy_(0, ctx.state_slots, windows[last, 1:].transpose(1, 2).to(self.conv_state.dtype))
         return F.silu(torch.einsum("tkc,ck->tc", windows, self.conv1d.weight[:, 0]))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         T = x.shape[0]
         qkv, z, b, a = self.in_proj(x).split(self.in_proj.out_sizes, dim=-1)
-        q, k, v = self._conv(qkv, positions, ctx).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        z = z.view(T, self.num_v_heads, self.head_v_dim)
+        if not ctx.is_prefill:
+            # one token per sequence: conv step, then delta rule + gated norm (two kernels on the GPU)
+            mixed = dispatch.causal_conv1d_update(qkv, self.conv_state, self.conv1d.weight[:, 0], ctx.state_slots)
+            q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+            o = dispatch.gated_delta_decode(
+                q.view(T, self.num_k_heads, self.head_k_dim), k.view(T, self.num_k_heads, self.head_k_dim),
+                v.view(T, self.num_v_heads, self.head_v_dim), a, b, self.A_log, self.dt_bias, self.ssm_state,
+                ctx.state_slots, z, self.norm.weight, self.norm.eps)
+            return self.out_proj(o.reshape(T, self.value_dim))
+        q, k, v = self._prefill_conv(qkv, positions, ctx).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         # the delta rule runs in fp32 on unit-length q/k (q also scaled by 1/sqrt(dk))
         q = _l2norm(q.float().view(T, self.num_k_heads, self.head_k_dim)) * self.head_k_dim ** -0.5
         k = _l2norm(k.float().view(T, self.num_k_heads, self.head_k_dim))
@@ -139,22 +137,23 @@ class Qwen3_5GatedDeltaNet(nn.Module):
         q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
         beta = b.sigmoid().float()                                             # write strength in (0, 1)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())   # log decay <= 0
-        if ctx.is_prefill:
-            outs, states, start = [], [], 0
-            for n in ctx.seq_lens:   # every prompt starts from an empty state
-                s = slice(start, start + n)
-                zero = q.new_zeros(self.num_v_heads, self.head_k_dim, self.head_v_dim)
-                o, state = chunk_gated_delta_rule(q[s].transpose(0, 1), k[s].transpose(0, 1), v[s].transpose(0, 1),
-                                                  g[s].t(), beta[s].t(), zero)
-                outs.append(o.transpose(0, 1))
-                states.append(state)
-                start += n
-            o = torch.cat(outs)
-            self.ssm_state.index_copy_(0, ctx.state_slots, torch.stack(states))
-        else:
-            o, state = recurrent_gated_delta_step(q, k, v, g, beta, self.ssm_state[ctx.state_slots])
-            self.ssm_state[ctx.state_slots] = state
-        o = self.norm(o.to(x.dtype), z.view(T, self.num_v_heads, self.head_v_dim))
+        # every prompt starts from an empty state; prompts of the same length run as one batch
+        o = torch.empty_like(v)
+        states = torch.empty(len(ctx.seq_lens), self.num_v_heads, self.head_k_dim, self.head_v_dim,
+                             dtype=torch.float32, device=x.device)
+        starts = [0]
+        for n in ctx.seq_lens:
+            starts.append(starts[-1] + n)
+        for n in sorted(set(ctx.seq_lens)):
+            which = [i for i, m in enumerate(ctx.seq_lens) if m == n]
+            tokens = torch.cat([torch.arange(starts[i], starts[i] + n, device=x.device) for i in which])
+            seqs = lambda t: t[tokens].view(len(which), n, *t.shape[1:]).transpose(1, 2)   # noqa: E731 [S, H, n, ...]
+            zero = q.new_zeros(len(which), self.num_v_heads, self.head_k_dim, self.head_v_dim)
+            out, state = chunk_gated_delta_rule(seqs(q), seqs(k), seqs(v), seqs(g), seqs(beta), zero)
+            o[tokens] = out.transpose(1, 2).reshape(-1, *o.shape[1:])
+            states[which] = state
+        self.ssm_state.index_copy_(0, ctx.state_slots, states)
+        o = self.norm(o.to(x.dtype), z)
         return self.out_proj(o.reshape(T, self.value_dim))
 
 
@@ -176,10 +175,8 @@ class Qwen3_5Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         qg, k, v = self.qkv_proj(x).split(self.qkv_proj.out_sizes, dim=-1)
         q, gate = qg.view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = self.q_norm(q)
-        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
-        q, k = self.rotary(positions, q, k)
-        o = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), ctx)
+        o = self.attn(q, k.view(-1, self.num_kv_heads, self.head_dim), v.view(-1, self.num_kv_heads, self.head_dim),
+                      positions, ctx, self.rotary, self.q_norm, self.k_norm)
         o = o.reshape(-1, self.num_heads * self.head_dim) * torch.sigmoid(gate.reshape(o.shape[0], -1))
         return self.o_proj(o)
 
