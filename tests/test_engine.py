@@ -125,3 +125,16 @@ def test_bad_requests_are_refused_up_front(folder):
     with pytest.raises(InvalidInput, match="max_tokens"):
         engine.add([1] * 10, SamplingParams(max_tokens=60))
     assert not engine.has_work()
+
+
+def test_padding_rows_never_advance(folder):
+    """CUDA-graph buckets pad a batch with the scratch row; its position must stay put, or after
+    max_model_len padded steps its block index runs past the block table (a device fault on the GPU)."""
+    from python_backends.ar.model_runner import GREEDY
+
+    runner = make_engine(folder, max_model_len=32).runner
+    runner.rows.fill_(runner.scratch)
+    with torch.inference_mode():
+        for _ in range(40):                                  # more steps than a 32-token context has
+            runner._decode_body(2, GREEDY, 0)
+    assert runner.position[runner.scratch].item() == 0

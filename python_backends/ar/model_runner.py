@@ -162,7 +162,8 @@ class ModelRunner:
                              max_context_len=max_context_len)
         hidden = self.model(self.last_token[rows], pos, ctx)
         result = self._sample_and_check(self.model.compute_logits(hidden), rows, variant)
-        self.position[rows] = pos + 1
+        # padding (scratch) rows stay at position 0: advanced, their block index would run off the table
+        self.position[rows] = torch.where(valid, pos + 1, pos)
         return result
 
     def _graph(self, bs: int, variant: str) -> torch.cuda.CUDAGraph:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import traceback
 import time
 from dataclasses import dataclass, field
 
@@ -140,7 +141,8 @@ class ARDecode(Step):
             ("requests_started", "requests accepted"), ("requests_finished", "requests whose final response was sent"))}
         self.requests_started = self.requests_finished = 0
         self._stop = False
-        self.loop = EngineThread(self.engine, on_error=lambda e: ctx.log(f"engine step failed: {e!r}"))
+        self.loop = EngineThread(self.engine, on_error=lambda e: ctx.log(
+            "engine step failed: " + "".join(traceback.format_exception(e))))
         self.delivery = threading.Thread(target=self._deliver_loop, name="ar-delivery", daemon=True)
         self.delivery.start()
 

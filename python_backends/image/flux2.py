@@ -14,14 +14,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline, compute_empirical_mu
 
 from python_backends.image.denoise import DenoiseStep, Job
 from python_backends.image.text_encoder import TextEncoderParams, TextEncoderStep
 from python_backends.image.vae import VaeDecodeStep
 from python_backends.runtime.step import register
 
-Pipe = Flux2KleinPipeline      # its static helpers: latent packing and position ids
+def _pipeline():
+    """diffusers' Flux2KleinPipeline module (imported when a FLUX.2 step runs, not when the converter
+    lists the steps): its static helpers pack latents, make position ids and the schedule's shift."""
+    from diffusers.pipelines.flux2 import pipeline_flux2_klein
+
+    return pipeline_flux2_klein
 
 
 @dataclass
@@ -54,7 +58,7 @@ class Flux2KleinDenoise(DenoiseStep):
         return self.latent_shape(job), job.steps, job.prompt.shape[0]   # one set of text position ids
 
     def schedule(self, steps: int, image_seq_len: int):
-        mu = compute_empirical_mu(image_seq_len=image_seq_len, num_steps=steps)
+        mu = _pipeline().compute_empirical_mu(image_seq_len=image_seq_len, num_steps=steps)
         if getattr(self.scheduler.config, "use_flow_sigmas", False):
             self.scheduler.set_timesteps(steps, device="cpu", mu=mu)
         else:   # as `retrieve_timesteps` calls it when given sigmas
@@ -65,13 +69,13 @@ class Flux2KleinDenoise(DenoiseStep):
         batch, channels, h, w = noise.shape
         steps = jobs[0].steps
         timesteps, sigmas = self.staged_schedule((steps, h, w), lambda: self.schedule(steps, h * w))
-        latent_ids = Pipe._prepare_latent_ids(noise)[0].to(self.device)          # [h*w, 4]
+        latent_ids = _pipeline().Flux2KleinPipeline._prepare_latent_ids(noise)[0].to(self.device)          # [h*w, 4]
         prompts = torch.stack([j.prompt for j in jobs for _ in range(j.n)])       # [B, L, D]
-        text_ids = Pipe._prepare_text_ids(prompts)[0].to(self.device)             # [L, 4]
+        text_ids = _pipeline().Flux2KleinPipeline._prepare_text_ids(prompts)[0].to(self.device)             # [L, 4]
         g = self.guidance(jobs)
         scale = g.scale.view(-1, 1, 1) if g.rows is not None else None
         context = torch.cat([prompts, torch.stack(g.negatives)]) if g.rows is not None else prompts
-        latents = Pipe._pack_latents(noise)                                       # [B, h*w, C]
+        latents = _pipeline().Flux2KleinPipeline._pack_latents(noise)                                       # [B, h*w, C]
         for i in range(steps):
             timestep = timesteps[i].expand(batch).to(latents.dtype)
             x = latents.to(self.dtype)
@@ -97,4 +101,4 @@ class Flux2KleinVaeDecode(VaeDecodeStep):
         mean = bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
         std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + self.vae.config.batch_norm_eps).to(latents.device,
                                                                                                  latents.dtype)
-        return Pipe._unpatchify_latents(latents * std + mean)
+        return _pipeline().Flux2KleinPipeline._unpatchify_latents(latents * std + mean)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from diffusers.pipelines.z_image.pipeline_z_image import calculate_shift, get_default_z_image_sigmas
 
 from python_backends.image.denoise import DenoiseStep, Job
 from python_backends.image.text_encoder import TextEncoderStep
@@ -55,6 +54,8 @@ class ZImageDenoise(DenoiseStep):
 
     def schedule(self, steps: int, image_seq_len: int):
         """(timesteps, sigmas) on the device, and the host's t-norms for CFG truncation."""
+        from diffusers.pipelines.z_image.pipeline_z_image import calculate_shift, get_default_z_image_sigmas
+
         cfg = self.scheduler.config
         mu = calculate_shift(image_seq_len, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
                              cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
