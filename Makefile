@@ -22,6 +22,7 @@ demo: setup
 	$(PY) scripts/demo.py
 
 test: setup
+	bash scripts/setup_reference_envs.sh
 	$(PY) -m pytest -q tests
 
 serve: setup tiny

@@ -2,12 +2,14 @@
 
 Each folder is a whole diffusers pipeline written by the pipeline's own `save_pretrained`
 (model_index.json + one subfolder per component), so it has the layout, class names and config
-keys of the real download: Z-Image-Turbo (`ZImagePipeline`) and FLUX.2-klein (`Flux2KleinPipeline`).
+keys of the real download: Z-Image-Turbo (`ZImagePipeline`), FLUX.2-klein (`Flux2KleinPipeline`) and
+Qwen-Image-Edit (`QwenImageEditPipeline`).
 Shapes keep what the serving code depends on (an 8x VAE with 2x2 patches, so sizes snap to 16 px;
 the real schedulers; the text encoders' hidden-state layers) and shrink everything else.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -121,4 +123,87 @@ def flux2_klein(out: Path) -> None:
     pipe.save_pretrained(str(out))
 
 
-BUILDERS: dict = {"z_image_turbo": z_image_turbo, "flux2_klein": flux2_klein}
+# Qwen-Image-Edit's system prompt (the pipeline's template), in the tokenizer's corpus so it takes
+# whole-word pieces rather than single bytes.
+QWEN_EDIT_SYSTEM = ("Describe the key features of the input image (color, shape, size, texture, objects, background), "
+                    "then explain how the user's text instruction should alter or modify the image. Generate a new "
+                    "image that meets the user's requirements while maintaining consistency with the original input "
+                    "where appropriate.")
+QWEN_VL_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                   "<|image_pad|>", "<|video_pad|>"]
+
+
+def _qwen2_tokenizer():
+    """A `Qwen2Tokenizer` (the release's class: Qwen's pre-tokenizer regex, byte-level BPE) with a tiny
+    trained vocabulary and the vision special tokens the processor and the text encoder look up."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    from converters.tiny import CORPUS
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=QWEN_VL_SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator((CORPUS + [QWEN_EDIT_SYSTEM]) * 4, trainer)
+    trained = json.loads(bpe.to_str())["model"]
+    tokenizer = Qwen2Tokenizer(vocab=trained["vocab"], merges=[tuple(m) for m in trained["merges"]],
+                               eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VL_SPECIAL[1:]})
+    return tokenizer
+
+
+def qwen_image_edit(out: Path) -> None:
+    """QwenImageEditPipeline: Qwen2.5-VL text encoder (with a vision tower: the input image is part of
+    the prompt), QwenImageTransformer2DModel (MMDiT; the input image's latents ride beside the noise),
+    AutoencoderKLQwenImage (a causal video VAE, 16 channels, per-channel latent mean and std), and the
+    release's shifted flow-match schedule. processor/ holds what `Qwen2VLProcessor` reads (image
+    processor config + tokenizer); it is written by hand because transformers cannot save (or load) a
+    Qwen2VLProcessor without its video processor, which needs torchvision."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline,
+                           QwenImageTransformer2DModel)
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _qwen2_tokenizer()
+    token = tokenizer.convert_tokens_to_ids
+    hidden = 32
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
+                         bos_token_id=token("<|endoftext|>"), eos_token_id=token("<|im_end|>"),
+                         pad_token_id=token("<|endoftext|>")),
+        # The release's patch 14, 2x2 merge, 2-frame patches and windowed + full attention blocks.
+        vision_config=dict(depth=2, hidden_size=hidden, intermediate_size=64, num_heads=2, out_hidden_size=hidden,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                           fullatt_block_indexes=[1], in_channels=3),
+        image_token_id=token("<|image_pad|>"), video_token_id=token("<|video_pad|>"),
+        vision_start_token_id=token("<|vision_start|>"), vision_end_token_id=token("<|vision_end|>"))
+    text_encoder = _text_encoder(Qwen2_5_VLForConditionalGeneration(config), seed=7, std=0.1)
+    # 16 latent channels as released (in_channels = 16 x the 2x2 patch); axes_dims_rope sums to the head dim.
+    transformer = _seeded(8, lambda: QwenImageTransformer2DModel(
+        patch_size=2, in_channels=64, out_channels=16, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=hidden, axes_dims_rope=(4, 6, 6)))
+    # Three temporal downsamplings as released: vae_scale_factor 8. Default latents_mean/std are the release's.
+    vae = _seeded(9, lambda: AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1))
+    scheduler = FlowMatchEulerDiscreteScheduler(   # scheduler_config.json of Qwen/Qwen-Image-Edit
+        num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
+        base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02, time_shift_type="exponential",
+        invert_sigmas=False, stochastic_sampling=False, use_karras_sigmas=False, use_exponential_sigmas=False,
+        use_beta_sigmas=False)
+    pipe = QwenImageEditPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                 processor=None, transformer=transformer)
+    pipe.save_pretrained(str(out))
+    # The release's image processor settings, except max_pixels: a few hundred patches keep the vision
+    # tower quick on a CPU (the release allows 12845056 pixels).
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112, patch_size=14,
+                                               temporal_patch_size=2, merge_size=2)
+    image_processor.save_pretrained(str(out / "processor"))
+    tokenizer.save_pretrained(str(out / "processor"))
+    index = json.loads((out / "model_index.json").read_text())
+    (out / "model_index.json").write_text(json.dumps({**index, "processor": ["transformers", "Qwen2VLProcessor"]},
+                                                     indent=2) + "\n")
+
+
+BUILDERS: dict = {"z_image_turbo": z_image_turbo, "flux2_klein": flux2_klein, "qwen_image_edit": qwen_image_edit}

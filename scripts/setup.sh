@@ -15,8 +15,23 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q "$TORCH_SPEC"
   .venv/bin/python -m pip install -q -e '.[test]'
+  # The Kokoro parity test's reference (its KModel needs only torch, transformers and loguru; its
+  # declared dependencies bring misaki's spaCy G2P, which the test does not import)
+  .venv/bin/python -m pip install -q --no-deps kokoro==0.9.4
   rm -f .venv/.installed-*
   touch "$stamp"
+fi
+# espeak-ng: kokoro_tts's offline text -> phonemes (python_backends/tts/kokoro_text.py). Optional:
+# without it kokoro_tts takes `phonemes` only. Installed only where apt-get can run (as root).
+if ! command -v espeak-ng >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+     && { apt-get install -y -q espeak-ng >/dev/null 2>&1 \
+          || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q espeak-ng >/dev/null 2>&1; }; }; then
+    echo "[setup] installed espeak-ng (Kokoro's text front end)"
+  else
+    echo "[setup] espeak-ng is not installed and apt-get cannot install it here (not root?): kokoro_tts" \
+         "will accept phonemes only, and its text tests are skipped"
+  fi
 fi
 # The server's python backend needs its stub next to libtriton_python.so, matching this Python.
 .venv/bin/python -m launcher setup

@@ -1,0 +1,220 @@
+"""Kokoro's steps: pre (text or phonemes -> segments of phoneme ids, a style each), synth (every
+segment of every request in the batch -> waveform per request), speech_chunks (the waveform as a
+stream of pieces), then speech_post (python_backends/tts/post.py) for PCM chunks or a file.
+
+Kokoro is not autoregressive: a request's audio exists whole once synth has run (much faster than
+real time), so streaming is cutting it into chunks, the first one small so a player starts at
+once. Streamed and non-streamed requests run the same synthesis: the chunks concatenate to the
+non-streamed audio. The only randomness is the vocoder source's noise, seeded per request
+(`sampling_parameters.seed`, else drawn in pre): a seeded request alone always gets the same
+samples; batched with others, the same durations and F0 but samples moved by rounding (kokoro.py).
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.spec import TensorSpec
+from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
+from python_backends.tts.kokoro import SAMPLE_RATE, Kokoro, load_voice, voice_style
+from python_backends.tts.kokoro_text import Phonemizer, check_phonemes, segments
+from python_backends.tts.request import SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, parse_speech, reject_reference
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PHONEMES = TensorSpec("phonemes", "TYPE_STRING", (1,), optional=True)
+
+
+@dataclass
+class KokoroPreParams:
+    checkpoint: str = ""
+    default_voice: str = "af_heart"
+    max_text_chars: int = 4096          # OpenAI's limit on `input`; longer phonemes are spoken in segments
+    espeak: str = "espeak-ng"           # the phonemizer program for text (see kokoro_text.py)
+
+
+@register("kokoro_pre")
+class KokoroPre(Step):
+    inputs = SPEECH_INPUTS + (PHONEMES,)
+    outputs = (
+        TensorSpec("phoneme_ids", "TYPE_INT32", (-1,)),     # every segment's ids, each within boundary 0s
+        TensorSpec("segments", "TYPE_INT32", (-1,)),        # the length of each segment's ids
+        TensorSpec("style", "TYPE_FP32", (-1, 256)),        # a voice style per segment
+        SPEECH,
+    )
+    Params = KokoroPreParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        folder = ctx.checkpoint(self.params.checkpoint)
+        self.vocab = json.loads((folder / "config.json").read_text(encoding="utf-8"))["vocab"]
+        self.packs = {p.stem: load_voice(p) for p in sorted((folder / "voices").glob("*.pt"))}
+        self.voices = list(self.packs)
+        if self.params.default_voice not in self.packs:
+            voice = self.params.default_voice
+            raise ValueError(f"default_voice {voice!r} has no voices/{voice}.pt in {folder}; "
+                             f"voices there: {self.voices}")
+        self.phonemizer = Phonemizer(self.vocab, self.params.espeak)
+
+    def parse(self, req: Request, phonemes: str):
+        """The speech route's inputs; with `phonemes` they stand in for the text (and errors say so)."""
+        if not phonemes:
+            return parse_speech(req, self.voices, self.params.default_voice, self.params.max_text_chars, SPEED_RANGE)
+        view = Request({**req.tensors, "text": string_array(phonemes)})
+        try:
+            return parse_speech(view, self.voices, self.params.default_voice, self.params.max_text_chars, SPEED_RANGE)
+        except InvalidInput as e:
+            if e.field != "text":
+                raise
+            raise InvalidInput("phonemes", str(e).split(": ", 1)[1]) from None
+
+    def seed(self, req: Request) -> int:
+        raw = req.json("sampling_parameters") or {}
+        if not isinstance(raw, dict):
+            raise InvalidInput("sampling_parameters", "expected a JSON object")
+        for key in raw:
+            if key != "seed":
+                raise InvalidInput(f"sampling_parameters.{key}", "does not apply to Kokoro (it does not sample); "
+                                                                  "only seed is read")
+        seed = raw.get("seed")
+        if seed is None:
+            return random.randrange(2 ** 31)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise InvalidInput("sampling_parameters.seed", f"expected an integer >= 0, got {seed!r}")
+        return seed
+
+    def one(self, req: Request) -> dict:
+        phonemes = (req.string("phonemes") or "").strip()
+        speech = self.parse(req, phonemes)
+        reject_reference(req, self.voices)
+        seed = self.seed(req)
+        phonemes = check_phonemes(phonemes, self.vocab) if phonemes else self.phonemizer(speech.text, speech.voice)
+        if not phonemes:
+            raise InvalidInput("text", "has nothing to speak (no phonemes)")
+        pieces = segments(phonemes)
+        ids = [[0, *(self.vocab[c] for c in p), 0] for p in pieces]
+        # the release picks a style by the phoneme string's length (symbols, spaces included)
+        style = torch.stack([voice_style(self.packs[speech.voice], len(p)) for p in pieces])
+        return {"phoneme_ids": np.asarray([i for row in ids for i in row], dtype=np.int32),
+                "segments": np.asarray([len(row) for row in ids], dtype=np.int32),
+                "style": style.numpy().astype(np.float32),
+                "speech": Speech(seed, speech.response_format, speech.stream).tensor()}
+
+
+@dataclass
+class KokoroSynthParams:
+    checkpoint: str = ""
+    dtype: str = "float32"
+
+
+@register("kokoro_synth")
+class KokoroSynth(Step):
+    inputs = (
+        TensorSpec("phoneme_ids", "TYPE_INT32", (-1,), ragged=True),
+        TensorSpec("segments", "TYPE_INT32", (-1,), ragged=True),
+        TensorSpec("style", "TYPE_FP32", (-1, 256), ragged=True),
+        TensorSpec("speed", "TYPE_FP32", (1,), optional=True),     # the request's own, checked by pre
+        SPEECH,
+    )
+    outputs = (
+        TensorSpec("waveform", "TYPE_FP32", (-1,)),
+        TensorSpec("sample_rate", "TYPE_INT32", (1,)),
+        SPEECH,
+    )
+    Params = KokoroSynthParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        if self.params.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.params.dtype!r}")
+        self.model = Kokoro.load(ctx.checkpoint(self.params.checkpoint), ctx.device, DTYPES[self.params.dtype])
+
+    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
+        """Every segment of every request through the model at once (see `Kokoro.synthesize`); each
+        request's noise comes from its own generator, used by its segments in order."""
+        rows, styles, speeds, noise, owner = [], [], [], [], []
+        results: list[dict | BaseException | None] = [None] * len(requests)
+        for i, req in enumerate(requests):
+            try:
+                ids, lengths = as_numpy(req.get("phoneme_ids")), as_numpy(req.get("segments")).tolist()
+                style = torch.as_tensor(as_numpy(req.get("style")))
+                if sum(lengths) != len(ids) or tuple(style.shape) != (len(lengths), 256) or min(lengths, default=0) < 3:
+                    raise ValueError(f"inconsistent segments: lengths {lengths} for {len(ids)} ids, "
+                                     f"styles {list(style.shape)}")
+                gen = torch.Generator().manual_seed(Speech.from_request(req).seed)
+                speed = float(req.scalar("speed", 1.0))
+            except Exception as exc:  # noqa: BLE001 - this request fails, its neighbours go on
+                results[i] = exc
+                continue
+            bounds = np.cumsum([0, *lengths])
+            rows += [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+            styles.append(style)
+            speeds += [speed] * len(lengths)
+            noise += [gen] * len(lengths)
+            owner += [i] * len(lengths)
+        waves = self.model.synthesize(rows, torch.cat(styles), torch.tensor(speeds), noise) if rows else []
+        for i, req in enumerate(requests):
+            if results[i] is None:
+                mine = [w.float().cpu().numpy() for (w, _), o in zip(waves, owner) if o == i]
+                results[i] = {"waveform": np.concatenate(mine).astype(np.float32),
+                              "sample_rate": np.asarray([SAMPLE_RATE], dtype=np.int32),
+                              "speech": req.get("speech")}
+        return results
+
+
+def as_numpy(value) -> np.ndarray:
+    """A GPU step may be handed torch tensors."""
+    return value.cpu().numpy() if hasattr(value, "cpu") else value
+
+
+@dataclass
+class SpeechChunksParams:
+    first_chunk_ms: int = 200           # small, so that a player starts at once
+    chunk_ms: int = 1000
+
+
+@register("speech_chunks")
+class SpeechChunks(Step):
+    """A whole waveform -> one response (not streaming) or chunks of it, the last one final with
+    finish_reason `stop`: for models that make a request's audio at once."""
+    decoupled = True
+    inputs = (
+        TensorSpec("waveform", "TYPE_FP32", (-1,)),
+        TensorSpec("sample_rate", "TYPE_INT32", (1,)),
+        SPEECH,
+    )
+    outputs = (
+        TensorSpec("waveform", "TYPE_FP32", (-1,)),
+        TensorSpec("sample_rate", "TYPE_INT32", (1,)),
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        SPEECH,
+    )
+    Params = SpeechChunksParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        if self.params.first_chunk_ms < 1 or self.params.chunk_ms < 1:
+            raise ValueError("first_chunk_ms and chunk_ms must be >= 1")
+
+    def cuts(self, samples: int, rate: int) -> list[int]:
+        """Chunk ends: the first after first_chunk_ms, then every chunk_ms, the last at the end."""
+        first, size = rate * self.params.first_chunk_ms // 1000, rate * self.params.chunk_ms // 1000
+        return list(range(max(first, 1), samples, max(size, 1))) + [samples]
+
+    def submit(self, request: Request, sink: ResponseSink) -> None:
+        """All of it at once: the audio is there already (no cancellation to watch for)."""
+        wave, rate = as_numpy(request.get("waveform")), int(request.scalar("sample_rate"))
+        speech = request.get("speech")
+        ends = self.cuts(len(wave), rate) if Speech.from_request(request).stream else [len(wave)]
+        start = 0
+        for n, end in enumerate(ends):
+            last = n == len(ends) - 1
+            sink.send({"waveform": np.ascontiguousarray(wave[start:end], dtype=np.float32),
+                       "sample_rate": np.asarray([rate], dtype=np.int32),
+                       "finish_reason": string_array("stop" if last else ""),
+                       "speech": speech}, final=last)
+            start = end

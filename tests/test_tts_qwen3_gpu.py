@@ -1,0 +1,85 @@
+"""Qwen3-TTS on a GPU with the engine's Triton kernels: the code predictor's whole frame (N-1 sub-steps)
+captured in one CUDA graph replays exactly as it runs eagerly; talker, predictor and codec agree with
+the CPU run. Skipped without CUDA (run on the GPU machine)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from converters.tiny_qwen3_tts import build
+from python_backends.tts.qwen3_tts import assistant_text, bind_cache, load_qwen3_tts, prefill
+from python_backends.tts.qwen3_tts_codec import load_codec
+from tests.test_tts_qwen3 import ROOT, VARIANTS, _random_codes
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(scope="module")
+def kernels_on():
+    from kernels import dispatch
+
+    was = dispatch.enabled()
+    dispatch.enable(True)
+    yield
+    dispatch.enable(was)
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def folder(request):
+    return build(ROOT / "checkpoints" / "tiny")[request.param]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_predict_codes_in_a_cuda_graph(folder, kernels_on, dtype):
+    model = load_qwen3_tts(folder, "cuda", dtype)
+    b, h = 8, model.config.talker.hidden_size
+    model.reserve(b)                                          # static caches before capture
+    hidden = torch.randn(b, h, device="cuda", dtype=dtype)
+    code0 = torch.randint(0, 2048, (b,), device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                             # warm-up: kernels compiled, tuned
+        for _ in range(2):
+            model.predict_codes(hidden, code0)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model.predict_codes(hidden, code0)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for _ in range(3):
+        hidden.copy_(torch.randn(b, h, device="cuda", dtype=dtype, generator=g))
+        code0.copy_(torch.randint(0, 2048, (b,), device="cuda", generator=g))
+        graph.replay()
+        assert torch.equal(out, model.predict_codes(hidden, code0))
+        assert torch.equal(out[:, 0], code0) and (out[:, 1:] < 2048).all()
+
+
+def test_matches_the_cpu_run(folder, kernels_on):
+    from python_backends.text.tokenizer import load_tokenizer
+
+    cpu, gpu = load_qwen3_tts(folder), load_qwen3_tts(folder, "cuda", torch.float32)
+    ids = load_tokenizer(folder)(assistant_text("The quick brown fox jumps over the lazy dog."))["input_ids"]
+    prompts = [m.build_prompt(ids, "english", "ryan") for m in (cpu, gpu)]
+    torch.testing.assert_close(prompts[1].embeds.cpu(), prompts[0].embeds, atol=1e-5, rtol=1e-5)
+    logits = []
+    for m, p in zip((cpu, gpu), prompts):
+        n = p.embeds.shape[0]
+        bind_cache(m, 1, n)
+        with torch.no_grad():
+            logits.append(m.compute_logits(prefill(m, [p], n)).cpu())
+    torch.testing.assert_close(logits[1], logits[0], atol=2e-3, rtol=2e-3)   # TF32-free fp32 kernels: ~1e-5
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(4, cpu.config.talker.hidden_size, generator=g)
+    codes = torch.randint(0, 2048, (4, 16), generator=g)
+    with torch.no_grad():
+        want = cpu.predictor_logits(hidden, codes)
+        got = gpu.predictor_logits(hidden.cuda(), codes.cuda()).cpu()
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+
+
+def test_codec_on_gpu_matches_cpu(folder):
+    cpu, gpu = load_codec(folder), load_codec(folder, "cuda")
+    codes = torch.tensor([_random_codes(40, 9), _random_codes(40, 10)])
+    want = torch.stack(cpu.decode(codes))
+    got = torch.stack(gpu.decode(codes.cuda())).cpu()
+    assert (got - want).abs().max() < 1e-3
