@@ -1,13 +1,13 @@
-"""Kokoro's steps: pre (text or phonemes -> segments of phoneme ids, a style each), synth (every
-segment of every request in the batch -> waveform per request), speech_chunks (the waveform as a
+"""Kokoro's steps: pre (text or phonemes -> segments of phoneme ids, a style each), synth (a
+request's segments together -> its waveform), speech_chunks (the waveform as a
 stream of pieces), then speech_post (python_backends/tts/post.py) for PCM chunks or a file.
 
 Kokoro is not autoregressive: a request's audio exists whole once synth has run (much faster than
 real time), so streaming is cutting it into chunks, the first one small so a player starts at
 once. Streamed and non-streamed requests run the same synthesis: the chunks concatenate to the
 non-streamed audio. The only randomness is the vocoder source's noise, seeded per request
-(`sampling_parameters.seed`, else drawn in pre): a seeded request alone always gets the same
-samples; batched with others, the same durations and F0 but samples moved by rounding (kokoro.py).
+(`sampling_parameters.seed`, else drawn in pre): a seeded request gets the same samples whatever
+else is in the server.
 """
 from __future__ import annotations
 
@@ -133,37 +133,22 @@ class KokoroSynth(Step):
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.params.dtype!r}")
         self.model = Kokoro.load(ctx.checkpoint(self.params.checkpoint), ctx.device, DTYPES[self.params.dtype])
 
-    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        """Every segment of every request through the model at once (see `Kokoro.synthesize`); each
-        request's noise comes from its own generator, used by its segments in order."""
-        rows, styles, speeds, noise, owner = [], [], [], [], []
-        results: list[dict | BaseException | None] = [None] * len(requests)
-        for i, req in enumerate(requests):
-            try:
-                ids, lengths = as_numpy(req.get("phoneme_ids")), as_numpy(req.get("segments")).tolist()
-                style = torch.as_tensor(as_numpy(req.get("style")))
-                if sum(lengths) != len(ids) or tuple(style.shape) != (len(lengths), 256) or min(lengths, default=0) < 3:
-                    raise ValueError(f"inconsistent segments: lengths {lengths} for {len(ids)} ids, "
-                                     f"styles {list(style.shape)}")
-                gen = torch.Generator().manual_seed(Speech.from_request(req).seed)
-                speed = float(req.scalar("speed", 1.0))
-            except Exception as exc:  # noqa: BLE001 - this request fails, its neighbours go on
-                results[i] = exc
-                continue
-            bounds = np.cumsum([0, *lengths])
-            rows += [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
-            styles.append(style)
-            speeds += [speed] * len(lengths)
-            noise += [gen] * len(lengths)
-            owner += [i] * len(lengths)
-        waves = self.model.synthesize(rows, torch.cat(styles), torch.tensor(speeds), noise) if rows else []
-        for i, req in enumerate(requests):
-            if results[i] is None:
-                mine = [w.float().cpu().numpy() for (w, _), o in zip(waves, owner) if o == i]
-                results[i] = {"waveform": np.concatenate(mine).astype(np.float32),
-                              "sample_rate": np.asarray([SAMPLE_RATE], dtype=np.int32),
-                              "speech": req.get("speech")}
-        return results
+    def one(self, req: Request) -> dict:
+        """A request's segments through the model together (see `Kokoro.synthesize`), its noise from
+        its own generator. Requests are not padded into one forward: a row batched with others rounds
+        differently, and the vocoder turns that into different samples (kokoro.py), so a seeded
+        request would sound different depending on its neighbours. Triton still queues them together."""
+        ids, lengths = as_numpy(req.get("phoneme_ids")), as_numpy(req.get("segments")).tolist()
+        style = torch.as_tensor(as_numpy(req.get("style")))
+        if sum(lengths) != len(ids) or tuple(style.shape) != (len(lengths), 256) or min(lengths, default=0) < 3:
+            raise ValueError(f"inconsistent segments: lengths {lengths} for {len(ids)} ids, styles {list(style.shape)}")
+        gen = torch.Generator().manual_seed(Speech.from_request(req).seed)
+        speed = float(req.scalar("speed", 1.0))
+        bounds = np.cumsum([0, *lengths])
+        rows = [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+        waves = self.model.synthesize(rows, style, torch.tensor([speed] * len(rows)), [gen] * len(rows))
+        return {"waveform": np.concatenate([w.float().cpu().numpy() for w, _ in waves]).astype(np.float32),
+                "sample_rate": np.asarray([SAMPLE_RATE], dtype=np.int32), "speech": req.get("speech")}
 
 
 def as_numpy(value) -> np.ndarray:
