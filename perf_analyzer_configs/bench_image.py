@@ -90,7 +90,8 @@ TINY = {   # converters/tiny_image.py's shapes: same structure, seconds on a CPU
 }
 SIZES = {"real": [1024, 512], "tiny": [64, 32]}
 PROMPT_CHARS = 120       # byte-level tokenizer: one token per character, plus the chat template's
-MODE_ORDER = ["ours", "diffusers", "diffusers-compile", "server"]
+# ours-compile last: it compiles the shared transformer's blocks in place
+MODE_ORDER = ["ours", "diffusers", "diffusers-compile", "server", "ours-compile"]
 FLOPS_NOTE = ("Denoise FLOPs per image and transformer call = 2·P·T + 4·d·ΣL²: P = matmul weights a token passes "
               "through per block (4d² for q, k, v, out + 3·d·f for the SwiGLU MLP; Z-Image f = 8d/3, FLUX.2 f = 3d, "
               "the same in its double- and single-stream blocks), T = tokens through the block, L = attention "
@@ -232,8 +233,9 @@ def request(ctx, i: int, size: int) -> dict:
             "guidance_scale": np.array([ctx.spec["guidance"]], np.float32), "seed": np.array([1000 + i], np.int64)}
 
 
-def build_steps(ctx) -> dict:
-    """The ensemble's steps with its parameters for this target; they take the modules already built."""
+def build_steps(ctx, compiled: bool = False) -> dict:
+    """The ensemble's steps with its parameters for this target; they take the modules already built.
+    `compiled`: the denoise step compiles the transformer's repeated blocks (its `compile` parameter)."""
     cfg = load_ensemble(ROOT / "ensemble_configs" / f"{ctx.name}.yaml")
     modules = (python_backends.image.denoise, python_backends.image.text_encoder, python_backends.image.vae)
     saved = [m.load_component for m in modules]
@@ -244,6 +246,7 @@ def build_steps(ctx) -> dict:
         for s in cfg.steps:
             raw = cfg.resolved_parameters(s, "gpu" if ctx.cuda else "cpu")
             raw.update({"checkpoint": str(ctx.folder)} if "checkpoint" in raw else {})
+            raw.update({"compile": "true"} if compiled and "compile" in raw else {})
             sctx = StepContext(model_name=cfg.model_name(s), params=parse_params(s.cls.Params, raw), base_dir=ROOT,
                                device=ctx.device if s.kind == "gpu" else "cpu", max_batch_size=cfg.max_batch_size)
             steps[s.key] = s.cls(sctx)
@@ -261,8 +264,11 @@ def run_steps(step, tensors):
         x.update(o)
 
 
-def ours(ctx, size):
-    steps = ctx.steps = ctx.steps or build_steps(ctx)
+def ours(ctx, size, compiled: bool = False):
+    if compiled:
+        steps = ctx.steps_compiled = ctx.steps_compiled or build_steps(ctx, compiled=True)
+    else:
+        steps = ctx.steps = ctx.steps or build_steps(ctx)
 
     def go(c):
         tensors, stages, t0 = [request(ctx, i, size) for i in range(c)], {}, time.perf_counter()
@@ -279,7 +285,7 @@ def ours(ctx, size):
         stages["png_encode"] = time.perf_counter() - t      # reported apart: the pipelines don't encode
         return [wall] * c, wall, tensors[0]["pixels"][0], stages
 
-    return [("ours", go, 0, steps["denoise"].transformer)]
+    return [("ours-compile" if compiled else "ours", go, 0, steps["denoise"].transformer)]
 
 
 def call(ctx, pipe, ids, size):
@@ -398,23 +404,24 @@ def targets(rows) -> list[str]:
     out = []
     for model, size in dict.fromkeys((r["model"], r["size"]) for r in rows):
         sizes = sorted({r["size"] for r in rows if r["model"] == model}, key=lambda s: int(s.split("x")[0]))
-        mine, mine8 = by.get((model, size, "ours", 1)), by.get((model, size, "ours", 8))
-        for other, goal in (("diffusers", 1.5), ("diffusers-compile", 1.1)):
-            theirs = by.get((model, size, other, 1))
-            if mine and theirs:
-                x = theirs["latency_ms_p50"] / mine["latency_ms_p50"]
-                out.append(f"{model} {size}: e2e c=1 ours {mine['latency_ms_p50']:.0f} ms vs {other} "
-                           f"{theirs['latency_ms_p50']:.0f} ms = {x:.2f}x (target >= {goal}x): "
-                           f"{'PASS' if x >= goal else 'FAIL'}")
-        for r in (mine, mine8) if size == sizes[-1] else ():
-            if r and "matmul_share" in r:
-                out.append(f"{model} {size}: ours c={r['concurrency']} denoise {r['denoise_tflops']:.3g} TFLOP/s = "
-                           f"{100 * r['matmul_share']:.0f}% of the matmul rate (target >= 75%): "
-                           f"{'PASS' if r['matmul_share'] >= 0.75 else 'FAIL'}")
-        if size == sizes[0] and mine and mine8:
-            x = mine8["images_per_s"] / mine["images_per_s"]
-            out.append(f"{model} {size}: ours c=8 {mine8['images_per_s']:.2f} images/s vs one at a time (c=1) "
-                       f"{mine['images_per_s']:.2f} = {x:.2f}x (target >= 1.5x): {'PASS' if x >= 1.5 else 'FAIL'}")
+        for ours in ("ours", "ours-compile"):
+            mine, mine8 = by.get((model, size, ours, 1)), by.get((model, size, ours, 8))
+            for other, goal in (("diffusers", 1.5), ("diffusers-compile", 1.1)):
+                theirs = by.get((model, size, other, 1))
+                if mine and theirs:
+                    x = theirs["latency_ms_p50"] / mine["latency_ms_p50"]
+                    out.append(f"{model} {size}: e2e c=1 {ours} {mine['latency_ms_p50']:.0f} ms vs {other} "
+                               f"{theirs['latency_ms_p50']:.0f} ms = {x:.2f}x (target >= {goal}x): "
+                               f"{'PASS' if x >= goal else 'FAIL'}")
+            for r in (mine, mine8) if size == sizes[-1] else ():
+                if r and "matmul_share" in r:
+                    out.append(f"{model} {size}: {ours} c={r['concurrency']} denoise {r['denoise_tflops']:.3g} TFLOP/s "
+                               f"= {100 * r['matmul_share']:.0f}% of the matmul rate (target >= 75%): "
+                               f"{'PASS' if r['matmul_share'] >= 0.75 else 'FAIL'}")
+            if size == sizes[0] and mine and mine8:
+                x = mine8["images_per_s"] / mine["images_per_s"]
+                out.append(f"{model} {size}: {ours} c=8 {mine8['images_per_s']:.2f} images/s vs one at a time (c=1) "
+                           f"{mine['images_per_s']:.2f} = {x:.2f}x (target >= 1.5x): {'PASS' if x >= 1.5 else 'FAIL'}")
     return out
 
 
@@ -510,7 +517,7 @@ def main() -> int:
     for name in args.models:
         spec = spec_for(name, args.shapes)
         ctx = argparse.Namespace(name=name, spec=spec, tcfg=spec["transformer"][1], cuda=cuda, args=args, matmul=matmul,
-                                 device="cuda:0" if cuda else "cpu", steps=None, pipe=None, compiled=None, server=None,
+                                 device="cuda:0" if cuda else "cpu", steps=None, steps_compiled=None, pipe=None, compiled=None, server=None,
                                  reference={}, sync=torch.cuda.synchronize if cuda else (lambda: None))
         ctx.folder = write_folder(spec, Path(args.workdir) / f"{args.shapes}-{name}")
         t = time.perf_counter()
@@ -521,7 +528,8 @@ def main() -> int:
                 if mode not in args.modes:
                     continue                                   # server mode, skipped below
                 try:
-                    variants = (ours(ctx, size) if mode == "ours" else server(ctx, size) if mode == "server"
+                    variants = (ours(ctx, size, mode == "ours-compile") if mode.startswith("ours")
+                                else server(ctx, size) if mode == "server"
                                 else diffusers_modes(ctx, size, mode == "diffusers-compile"))
                 except (ImportError, RuntimeError, TimeoutError) as exc:
                     if mode != "server":

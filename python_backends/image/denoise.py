@@ -28,6 +28,8 @@ from python_backends.runtime.step import Request, Step, StepContext
 class DenoiseParams:
     checkpoint: str = ""
     dtype: str = "float32"
+    compile: bool = False              # GPU: torch.compile each repeated transformer block (regional:
+                                       #   one compiled block serves all layers; a new shape compiles on first use)
 
 
 @dataclass
@@ -79,6 +81,8 @@ class DenoiseStep(Step):
             raise ValueError(f"{ctx.model_name}: stochastic flow-match sampling is not supported")
         self.vae_scale = vae_scale_factor(self.folder)
         self._schedules: dict[Hashable, tuple] = {}
+        if self.params.compile and torch.device(self.device).type == "cuda":
+            self.transformer.compile_repeated_blocks(fullgraph=True)
 
     # -- what a model says ----------------------------------------------------------------------
     def latent_shape(self, job: Job) -> tuple[int, ...]:

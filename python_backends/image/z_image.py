@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from python_backends.image.denoise import DenoiseStep, Job
+from python_backends.image.denoise import DenoiseParams, DenoiseStep, Job
 from python_backends.image.text_encoder import TextEncoderStep
 from python_backends.image.vae import VaeDecodeStep
 from python_backends.runtime.step import register
@@ -37,9 +37,7 @@ class ZImageTextEncoder(TextEncoderStep):
 
 
 @dataclass
-class ZImageDenoiseParams:
-    checkpoint: str = ""
-    dtype: str = "float32"
+class ZImageDenoiseParams(DenoiseParams):
     cfg_truncation: float = 1.0        # the pipeline's: CFG stops once (1000 - t) / 1000 exceeds this
     cfg_normalization: float = 0.0     # the pipeline's: > 0 caps |guided| at this times |cond|
 
