@@ -473,3 +473,21 @@ def test_bad_input_fails_that_request_only(server, case, values, expect):
         chunks = good.result(timeout=120)
     assert expect in str(err.value), str(err.value)
     assert chunks[-1][2] == "stop" and sum(len(a) for a, _, _ in chunks) % (2 * FRAME) == 0
+
+
+@pytest.mark.server
+@needs_espeak
+def test_perf_analyzer_measures_kokoro(server, tmp_path):
+    """perf_analyzer (streaming, text through espeak-ng; a one-word text: this checkpoint has the
+    release's decoder widths, seconds a sentence on a small CPU) gets numbers from the live server."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "perf_analyzer_configs/run.py", "--url", server.grpc_url, "--models", MODEL,
+                          "--concurrency", "1", "--measurement-ms", "8000", "--max-trials", "3", "--stability", "999",
+                          "--timeout", "180", "--input", "text=Hi.", "--out", str(tmp_path)], cwd=root, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads((tmp_path / "perf_analyzer.json").read_text())["rows"]
+    assert [r["model"] for r in rows] == [MODEL] and rows[0]["throughput_per_s"] > 0
