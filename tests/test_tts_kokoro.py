@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import queue
 import shutil
 import sys
 import types
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -29,6 +27,7 @@ from python_backends.tts.kokoro_steps import (KokoroPre, KokoroPreParams, Kokoro
 from python_backends.tts.kokoro_text import LANGUAGES, Phonemizer, check_phonemes, segments, to_kokoro
 from python_backends.tts.request import Speech
 from tests.conftest import TINY, running_server
+from tests.test_tts_server import SpeechError, stream_speech
 
 HELLO = "həlˈO, wˈɜɹld!"
 FOX = "ðə kwˈɪk bɹˈWn fˈɑks."
@@ -368,34 +367,9 @@ def server(tmp_path_factory, folder):
         yield s
 
 
-class SpeechError(Exception):
-    pass
-
-
 def speak(server, timeout=120, **values) -> list[tuple[bytes, int, str]]:
     """One request over a gRPC stream: [(audio, sample_rate, finish_reason)] per response."""
-    import tritonclient.grpc as grpcclient
-
-    from client.tensors import make_inputs
-
-    tensors = {k: (v, DTYPES.get(k, "BYTES")) for k, v in values.items()}
-    results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    out = []
-    try:
-        client.async_stream_infer(MODEL, make_inputs(grpcclient, tensors), request_id=uuid.uuid4().hex)
-        while True:
-            result, error = results.get(timeout=timeout)
-            if error is not None:
-                raise SpeechError(error.message())
-            reason = result.as_numpy("finish_reason")[0, 0].decode()
-            out.append((result.as_numpy("audio")[0, 0], int(result.as_numpy("sample_rate")[0, 0]), reason))
-            if reason:
-                return out
-    finally:
-        client.stop_stream()
-        client.close()
+    return stream_speech(server, MODEL, {k: (v, DTYPES.get(k, "BYTES")) for k, v in values.items()}, timeout)
 
 
 @pytest.mark.server

@@ -45,12 +45,18 @@ def speak(server, text="Hello there.", sampling=None, timeout=60, **values) -> l
     """One request over a gRPC stream: [(audio, sample_rate, finish_reason)] per response."""
     tensors = {"text": (text, "BYTES"), "sampling_parameters": (sampling, "BYTES")}
     tensors.update({k: (v, DTYPES.get(k, "BYTES")) for k, v in values.items()})
+    return stream_speech(server, MODEL, tensors, timeout)
+
+
+def stream_speech(server, model: str, tensors: dict, timeout: float) -> list[tuple[bytes, int, str]]:
+    """Send one speech request to `model` over a gRPC stream and collect its responses until the one
+    with a finish_reason; a stream error raises SpeechError (shared with the other speech models' tests)."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     out = []
     try:
-        client.async_stream_infer(MODEL, make_inputs(grpcclient, tensors), request_id=uuid.uuid4().hex)
+        client.async_stream_infer(model, make_inputs(grpcclient, tensors), request_id=uuid.uuid4().hex)
         while True:
             result, error = results.get(timeout=timeout)
             if error is not None:
