@@ -159,7 +159,9 @@ def qwen_image_edit(out: Path) -> None:
     AutoencoderKLQwenImage (a causal video VAE, 16 channels, per-channel latent mean and std), and the
     release's shifted flow-match schedule. processor/ holds what `Qwen2VLProcessor` reads (image
     processor config + tokenizer); it is written by hand because transformers cannot save (or load) a
-    Qwen2VLProcessor without its video processor, which needs torchvision."""
+    Qwen2VLProcessor without its video processor, which needs torchvision. The tiny tokenizer splits the
+    system prompt into more pieces than the release's 64, so the pipelines' fixed drop of the first 64
+    tokens leaves the prompt's tail in the embeddings here; the pipeline and our steps drop the same."""
     from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline,
                            QwenImageTransformer2DModel)
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration

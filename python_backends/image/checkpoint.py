@@ -38,8 +38,12 @@ def component_config(folder: Path, name: str) -> dict[str, Any]:
 
 
 def vae_scale_factor(folder: Path) -> int:
-    """Pixels per latent cell: 2 ** (VAE blocks - 1), as the pipelines compute it."""
-    return 2 ** (len(component_config(folder, "vae")["block_out_channels"]) - 1)
+    """Pixels per latent cell, as the pipelines compute it: 2 ** (VAE blocks - 1), or for the causal
+    video VAE of Qwen-Image (AutoencoderKLQwenImage) 2 ** (its temporal-downsample stages)."""
+    config = component_config(folder, "vae")
+    if "temperal_downsample" in config:                   # sic: diffusers' spelling of the key
+        return 2 ** len(config["temperal_downsample"])
+    return 2 ** (len(config["block_out_channels"]) - 1)
 
 
 def torch_dtype(name: str):

@@ -2,4 +2,5 @@
 import python_backends.image.encode  # noqa: F401
 import python_backends.image.flux2  # noqa: F401
 import python_backends.image.pre  # noqa: F401
+import python_backends.image.qwen_image  # noqa: F401
 import python_backends.image.z_image  # noqa: F401
