@@ -83,3 +83,37 @@ def test_codec_on_gpu_matches_cpu(folder):
     want = torch.stack(cpu.decode(codes))
     got = torch.stack(gpu.decode(codes.cuda())).cpu()
     assert (got - want).abs().max() < 1e-3
+
+
+def test_engine_graph_decode_equals_eager_and_one_by_one(folder, kernels_on):
+    """The talker on the AR engine (tests/test_tts_qwen3_engine.py on the CPU): the whole frame step
+    (rules, code 0, the predictor's 15 sub-steps, next input) replayed as a CUDA graph per batch bucket
+    gives the frames of eager decode, for a batch with padding rows and for each request alone."""
+    from python_backends.ar.config import EngineConfig
+    from python_backends.ar.sampling import SamplingParams
+    from python_backends.text.tokenizer import load_tokenizer
+    from python_backends.tts.qwen3_tts import talker_engine
+
+    tokenizer = load_tokenizer(folder)
+    texts = ["The quick brown fox jumps over the lazy dog.", "Hello there.", "Numbers 0123456789 and punctuation.",
+             "Tell me a story about a robot who learns to paint.", "Write a haiku about the sea."]
+
+    def engine(eager: bool):
+        model = load_qwen3_tts(folder, "cuda", torch.float32)
+        with torch.no_grad():
+            prompts = [model.build_prompt(tokenizer(assistant_text(t))["input_ids"], "english", "ryan") for t in texts]
+        cfg = EngineConfig(max_num_seqs=8, max_model_len=256, enforce_eager=eager, cuda_graph_batch_sizes=[1, 2, 4, 8])
+        e = talker_engine(model, cfg)
+        assert e.runner.use_graphs == (not eager)
+        return e, prompts
+
+    greedy = SamplingParams(max_tokens=16, temperature=0)
+    seeded = SamplingParams(max_tokens=16, temperature=0.9, top_k=50, seed=5)
+    for params in (greedy, seeded):
+        e, prompts = engine(eager=True)
+        eager = e.generate(prompts, params)
+        g, prompts = engine(eager=False)
+        graphs = g.generate(prompts, params)                     # 5 rows: bucket 8, 3 padding rows
+        alone = [g.generate([p], params)[0] for p in prompts]    # bucket 1
+        assert graphs == eager == alone
+        assert len(g.runner.graphs) >= 2 and all(len(f) == 16 for o in graphs for f in o)

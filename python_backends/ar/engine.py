@@ -3,6 +3,8 @@
 `add` and `abort` only post to an inbox; the thread that calls `step` (the engine loop) owns every
 piece of state, so no locks are held around the model. Each finished or growing sequence is
 reported through its `on_output(seq, new_token_ids, finish_reason)` callback, on the loop thread.
+For a frame model (model_runner.FrameModel, e.g. a TTS talker) a prompt is the model's own object
+and each new "token" is a frame, a list of N codes.
 """
 from __future__ import annotations
 
@@ -52,12 +54,16 @@ class LLMEngine:
         self.in_flight: StepHandle | None = None
 
     # -- called from any thread ---------------------------------------------------------------
-    def add(self, prompt_ids: list[int], params: SamplingParams, on_output=None) -> Sequence:
-        """Validate and queue a request; raises InvalidInput for a bad one."""
-        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
-            raise InvalidInput("input_ids", f"token ids must be in [0, {self.vocab_size})")
-        params = params.resolve(len(prompt_ids), self.config.max_model_len, self.vocab_size)
-        seq = Sequence(list(prompt_ids), params, on_output)
+    def add(self, prompt_ids, params: SamplingParams, on_output=None) -> Sequence:
+        """Validate and queue a request; raises InvalidInput for a bad one. `prompt_ids`: token ids, or
+        a frame model's prompt object (anything with a len(): its number of positions)."""
+        if self.runner.frame_model:
+            seq = Sequence([], params, on_output, prompt=prompt_ids)
+        else:
+            if any(not 0 <= t < self.vocab_size for t in prompt_ids):
+                raise InvalidInput("input_ids", f"token ids must be in [0, {self.vocab_size})")
+            seq = Sequence(list(prompt_ids), params, on_output)
+        seq.params = params.resolve(seq.prompt_len, self.config.max_model_len, self.vocab_size)
         self._inbox.put(("add", seq))
         self._wake.set()
         return seq
@@ -104,7 +110,7 @@ class LLMEngine:
                     self.runner.admit(seq, self.eos_token_ids)
                 launched = self.runner.prefill(batch.seqs, self.blocks)
                 self.stats.prefill_steps += 1
-                self.stats.prefill_tokens += sum(len(s.prompt_ids) for s in batch.seqs)
+                self.stats.prefill_tokens += sum(s.prompt_len for s in batch.seqs)
             else:
                 launched = self.runner.decode(batch.seqs)
                 self.stats.decode_steps += 1
@@ -140,7 +146,7 @@ class LLMEngine:
             self.step()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-        """Synchronous helper: run prompts to completion in this thread; returns output ids."""
+        """Synchronous helper: run prompts to completion in this thread; returns output ids (frames)."""
         seqs = [self.add(p, params) for p in prompts]
         self.run_until_done()
         return [s.output_ids for s in seqs]

@@ -8,10 +8,17 @@ device-to-host copy of [token, finish code] per row, which the engine reads one 
 
 Row `max_num_seqs` is a scratch row: graph batches are padded with it (its slot mapping is -1 and
 its context empty, so padding never touches a real sequence's cache or state).
+
+Frame models (a TTS talker: see `FrameModel`) decode the same way, except that a step's input is an
+embedding the model builds from the row's previous frame and its own per-row device state, and a
+step's output is a frame of N codes (code 0 is what stop ids and EOS are checked against). The
+step's result is then [N + 1, B] instead of [2, B]; everything stays on the device, so the step is
+captured in a CUDA graph just like a text model's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
@@ -32,18 +39,47 @@ def cache_layers(model: nn.Module) -> list[tuple[nn.Module, object]]:
     return [(m, m.cache_spec()) for m in model.modules() if hasattr(m, "cache_spec")]
 
 
+Pick = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]     # (logits [B, V], steps [B]) -> ids [B]
+
+
+class FrameModel(Protocol):
+    """What a model implements, besides forward(inputs_embeds, positions, ctx), to be decoded by the
+    engine one frame of `num_codes` codes per step. The model keeps its per-row state itself, indexed
+    by the engine's row (0..rows-1; the last is the scratch row), all on the device."""
+    num_codes: int
+
+    def allocate_rows(self, rows: int, batch: int, max_steps: int) -> None:
+        """Per-row state for `rows` rows, and room for decode batches of up to `batch` rows (before any
+        CUDA graph is captured); no row decodes more than `max_steps` steps."""
+
+    def admit_row(self, row: int, prompt: Any) -> None:
+        """A new request in `row`: reset its state from its prompt (Sequence.prompt)."""
+
+    def prefill_embeds(self, prompts: list[Any]) -> torch.Tensor:
+        """The prompts' input embeddings, packed [sum len, H]."""
+
+    def decode_embeds(self, rows: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """The next input [B, H] of each row (`count` [B]: frames sampled so far), from its last frame."""
+
+    def sample_frame(self, hidden: torch.Tensor, rows: torch.Tensor, count: torch.Tensor, pick: Pick) -> torch.Tensor:
+        """The rows' next frame [B, N] from the last hidden state [B, H] (and remember it for
+        `decode_embeds`). `pick(logits, steps)` is the engine's sampler with the rows' parameters: a
+        request's draws are a function of (seed, step), so the model gives each code its own step."""
+
+
 @dataclass
 class StepHandle:
     """A launched step: its sequences and the pending copy of its results."""
     seqs: list[Sequence]
-    host: torch.Tensor                  # [2, B] int64: token, finish code (filled asynchronously)
+    host: torch.Tensor                  # [N + 1, B] int64: token (N = 1) or frame codes, then finish code
     event: torch.cuda.Event | None
 
-    def result(self) -> tuple[list[int], list[int]]:
+    def result(self) -> tuple[list, list[int]]:
+        """Per row: its token (a text model) or its frame, a list of N codes (a frame model); its finish code."""
         if self.event is not None:
             self.event.synchronize()
-        tokens, codes = self.host.tolist()
-        return tokens, codes
+        *tokens, codes = self.host.tolist()
+        return (tokens[0] if len(tokens) == 1 else [list(f) for f in zip(*tokens)]), codes
 
 
 class ModelRunner:
@@ -51,6 +87,8 @@ class ModelRunner:
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
         self.cuda = device.type == "cuda"
         self.layers = cache_layers(model)
+        self.frame_model = hasattr(model, "sample_frame")
+        self.num_codes = model.num_codes if self.frame_model else 1
         self.num_blocks = config.num_kv_blocks or self._default_num_blocks()
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
         self.scratch = config.max_num_seqs                   # the padding row
@@ -73,12 +111,15 @@ class ModelRunner:
         self.graph_sizes = sorted({b for b in config.cuda_graph_batch_sizes if b <= config.max_num_seqs})
         self.max_batch = max([config.max_num_seqs, *self.graph_sizes])
         self.rows = torch.full((self.max_batch,), self.scratch, dtype=torch.int64, device=device)
-        self.out = z(2, self.max_batch)
+        self.out = z(self.num_codes + 1, self.max_batch)
+        if self.frame_model:
+            model.allocate_rows(rows, self.max_batch, config.max_model_len)
         self._rows_key: tuple[int, ...] = ()
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self.graph_pool = None
         # two pinned result buffers, alternating: the engine reads one while the next step fills the other
-        self.host_out = [torch.empty((2, self.max_batch), dtype=torch.int64, pin_memory=self.cuda) for _ in range(2)]
+        self.host_out = [torch.empty((self.num_codes + 1, self.max_batch), dtype=torch.int64, pin_memory=self.cuda)
+                         for _ in range(2)]
         self._next_host = 0
 
     # -- caches -------------------------------------------------------------------------------
@@ -119,7 +160,7 @@ class ModelRunner:
         blocks[:len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int32)
         self.block_tables[r] = blocks.to(self.device, non_blocking=True)
         self.stop_ids[r] = table.to(self.device, non_blocking=True)
-        self.position[r] = len(seq.prompt_ids)
+        self.position[r] = seq.prompt_len
         self.out_count[r] = 0
         self.max_tokens[r] = p.max_tokens
         self.min_tokens[r] = p.min_tokens
@@ -127,6 +168,8 @@ class ModelRunner:
         self.top_k[r] = p.top_k
         self.top_p[r] = p.top_p
         self.seeds[r] = p.seed
+        if self.frame_model:
+            self.model.admit_row(r, seq.prompt)
 
     @staticmethod
     def variant(seqs: list[Sequence]) -> str:
@@ -137,19 +180,28 @@ class ModelRunner:
         return SAMPLE
 
     # -- device work ----------------------------------------------------------------------------
-    def _sample_and_check(self, logits: torch.Tensor, rows: torch.Tensor, variant: str) -> torch.Tensor:
-        """Next tokens, the finish code of each row, and the rows' device state advanced."""
+    def _picker(self, rows: torch.Tensor, variant: str) -> Pick:
+        """The rows' sampler: argmax, or the seeded sampler with each row's parameters."""
         if variant == GREEDY:
-            tokens = logits.argmax(-1)
+            return lambda logits, steps: logits.argmax(-1)
+        t, k, p, seeds = self.temperature[rows], self.top_k[rows], self.top_p[rows], self.seeds[rows]
+        f = variant == FILTERED
+        return lambda logits, steps: sample(logits, t, k, p, seeds, steps, f, f)
+
+    def _sample_and_check(self, hidden: torch.Tensor, rows: torch.Tensor, variant: str) -> torch.Tensor:
+        """Next tokens (frames), the finish code of each row, and the rows' device state advanced."""
+        pick, frame = self._picker(rows, variant), None
+        if self.frame_model:
+            frame = self.model.sample_frame(hidden, rows, self.out_count[rows], pick)
+            tokens = frame[:, 0]                # code 0 decides stops, as a text model's token does
         else:
-            tokens = sample(logits, self.temperature[rows], self.top_k[rows], self.top_p[rows], self.seeds[rows],
-                            self.out_count[rows], variant == FILTERED, variant == FILTERED)
+            tokens = pick(self.model.compute_logits(hidden), self.out_count[rows])
         count = self.out_count[rows] + 1
         stop = (tokens[:, None] == self.stop_ids[rows]).any(-1) & (count > self.min_tokens[rows])
         code = torch.where(stop, FINISH_STOP, torch.where(count >= self.max_tokens[rows], FINISH_LENGTH, FINISH_NONE))
         self.last_token[rows] = tokens
         self.out_count[rows] = count
-        return torch.stack([tokens, code])
+        return torch.stack([tokens, code]) if frame is None else torch.cat([frame.T, code[None]])
 
     def _decode_body(self, bs: int, variant: str, max_context_len: int) -> torch.Tensor:
         rows = self.rows[:bs]
@@ -160,8 +212,8 @@ class ModelRunner:
         ctx = ForwardContext(is_prefill=False, slot_mapping=slots, state_slots=rows,
                              block_tables=self.block_tables[rows], context_lens=torch.where(valid, pos + 1, 0).int(),
                              max_context_len=max_context_len)
-        hidden = self.model(self.last_token[rows], pos, ctx)
-        result = self._sample_and_check(self.model.compute_logits(hidden), rows, variant)
+        x = self.model.decode_embeds(rows, self.out_count[rows]) if self.frame_model else self.last_token[rows]
+        result = self._sample_and_check(self.model(x, pos, ctx), rows, variant)
         # padding (scratch) rows stay at position 0: advanced, their block index would run off the table
         self.position[rows] = torch.where(valid, pos + 1, pos)
         return result
@@ -210,31 +262,35 @@ class ModelRunner:
             self._graph(bs, variant).replay()
             result = self.out[:, :n]
         else:
-            result = self._decode_body(bs, variant, max(len(s.prompt_ids) + s.num_launched for s in seqs))[:, :n]
+            result = self._decode_body(bs, variant, max(s.prompt_len + s.num_launched for s in seqs))[:, :n]
         return self._copy_out(seqs, result)
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], blocks: BlockManager) -> StepHandle:
-        logits = self.prefill_logits(seqs, blocks)
+        hidden = self.prefill_hidden(seqs, blocks)
         rows = torch.tensor([s.row for s in seqs], dtype=torch.int64).to(self.device, non_blocking=True)
-        result = self._sample_and_check(logits, rows, self.variant(seqs))
+        result = self._sample_and_check(hidden, rows, self.variant(seqs))
         self._rows_key = ()
         return self._copy_out(seqs, result)
 
-    def prefill_logits(self, seqs: list[Sequence], blocks: BlockManager, all_tokens: bool = False) -> torch.Tensor:
-        """Forward over the packed prompts; logits at each prompt's last token (or at every token)."""
+    def prefill_hidden(self, seqs: list[Sequence], blocks: BlockManager, all_tokens: bool = False) -> torch.Tensor:
+        """Forward over the packed prompts; hidden states at each prompt's last token (or at every token)."""
         ids, pos, slots, cu = [], [], [], [0]
         for s in seqs:
-            n = len(s.prompt_ids)
+            n = s.prompt_len
             ids += s.prompt_ids
             pos += range(n)
             slots += [blocks.slot(s, i) for i in range(n)]
             cu.append(cu[-1] + n)
         up = lambda v, dt=torch.int64: torch.tensor(v, dtype=dt).to(self.device, non_blocking=True)  # noqa: E731
         ctx = ForwardContext(is_prefill=True, slot_mapping=up(slots), state_slots=up([s.row for s in seqs]),
-                             seq_lens=[len(s.prompt_ids) for s in seqs], cu_seqlens=up(cu, torch.int32))
-        hidden = self.model(up(ids), up(pos), ctx)
-        return self.model.compute_logits(hidden if all_tokens else hidden[up([c - 1 for c in cu[1:]])])
+                             seq_lens=[s.prompt_len for s in seqs], cu_seqlens=up(cu, torch.int32))
+        x = self.model.prefill_embeds([s.prompt for s in seqs]) if self.frame_model else up(ids)
+        hidden = self.model(x, up(pos), ctx)
+        return hidden if all_tokens else hidden[up([c - 1 for c in cu[1:]])]
+
+    def prefill_logits(self, seqs: list[Sequence], blocks: BlockManager, all_tokens: bool = False) -> torch.Tensor:
+        return self.model.compute_logits(self.prefill_hidden(seqs, blocks, all_tokens))
 
     def _copy_out(self, seqs: list[Sequence], result: torch.Tensor) -> StepHandle:
         if not self.cuda:

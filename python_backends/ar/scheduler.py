@@ -34,7 +34,7 @@ class Scheduler:
         admitted, tokens = [], 0
         while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = len(seq.prompt_ids)
+            n = seq.prompt_len
             if admitted and tokens + n > self.max_num_batched_tokens:
                 break
             if not self.blocks.can_admit(seq):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from python_backends.ar.sampling import SamplingParams
 
@@ -30,10 +30,17 @@ class Sequence:
     state_slot: int = -1                     # recurrent-state slot (hybrid models), -1 = none
     row: int = -1                            # this sequence's row in the engine's per-slot tables
     num_launched: int = 0                    # tokens whose sampling has been launched (ahead of output_ids)
+    # a frame model's own prompt (e.g. a TTS talker's embeddings) instead of prompt_ids: anything with a
+    # len() (its number of positions), handed to the model's `admit_row` / `prefill_embeds` as is
+    prompt: Any = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids) if self.prompt is None else len(self.prompt)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return self.prompt_len + len(self.output_ids)
 
     @property
     def last_token(self) -> int:
@@ -41,4 +48,4 @@ class Sequence:
 
     @property
     def max_total_tokens(self) -> int:
-        return len(self.prompt_ids) + self.params.max_tokens
+        return self.prompt_len + self.params.max_tokens

@@ -128,9 +128,7 @@ class ARDecode(Step):
 
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
-        folder = ctx.checkpoint(self.params.checkpoint)
-        self.engine, tokenizer = build_engine(folder, self.params, ctx.device)
-        self.token_bytes = token_byte_table(tokenizer)
+        self.engine = self.make_engine(ctx.checkpoint(self.params.checkpoint))
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.live: set[_Reply] = set()
         self.live_lock = threading.Lock()
@@ -146,12 +144,15 @@ class ARDecode(Step):
         self.delivery = threading.Thread(target=self._deliver_loop, name="ar-delivery", daemon=True)
         self.delivery.start()
 
+    def make_engine(self, folder) -> LLMEngine:
+        """The engine (a subclass may decode another kind of model: see tts/qwen3_tts_steps.py)."""
+        engine, tokenizer = build_engine(folder, self.params, self.ctx.device)
+        self.token_bytes = token_byte_table(tokenizer)
+        return engine
+
     # -- Triton's thread ----------------------------------------------------------------------
     def submit(self, request: Request, sink: ResponseSink) -> None:
-        abort_id = request.string(ABORT_INPUT)
-        if abort_id is not None:
-            self._abort(abort_id)
-            sink.send({}, final=True)
+        if self.handle_abort(request, sink):
             return
         sink = self.wrap_sink(request, sink)
         ids = request.get("input_ids")
@@ -160,8 +161,21 @@ class ARDecode(Step):
         params = SamplingParams.from_dict(request.json("sampling"))
         streaming = bool(request.scalar("stream", False))
         reply = _Reply(sink, TokenStream(self.token_bytes, params.stop), streaming, int(ids.shape[0]))
+        self.start(request, reply, ids.tolist(), params)
+
+    def handle_abort(self, request: Request, sink: ResponseSink) -> bool:
+        """True if this request is the front's abort for another one (then it is answered here)."""
+        abort_id = request.string(ABORT_INPUT)
+        if abort_id is None:
+            return False
+        self._abort(abort_id)
+        sink.send({}, final=True)
+        return True
+
+    def start(self, request: Request, reply: _Reply, prompt, params: SamplingParams) -> None:
+        """Queue the request on the engine; its outputs go to the delivery thread."""
         self.requests_started += 1
-        reply.seq = self.engine.add(ids.tolist(), params,
+        reply.seq = self.engine.add(prompt, params,
                                     on_output=lambda seq, new, reason: self.outbox.put((reply, new, reason)))
         reply.request_id = request.request_id
         with self.live_lock:

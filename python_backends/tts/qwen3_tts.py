@@ -26,7 +26,10 @@ predictor's attention keeps its own dense per-row cache, not the engine's pages,
 `cache_spec`, so the engine's `cache_layers` sees only the talker's layers).
 
 `generate_codes` is a plain loop over all of this (its own small paged cache, no engine): what the
-engine step must do, and what the parity tests run.
+engine step must do, and what the parity tests run. The same step on the AR engine: `Qwen3TTS` is a
+frame model (python_backends/ar/model_runner.FrameModel: `allocate_rows`, `admit_row`,
+`prefill_embeds`, `decode_embeds`, `sample_frame`), so `talker_engine` decodes talker prompts with
+continuous batching, a frame per row per step, the whole step on the device.
 """
 from __future__ import annotations
 
@@ -238,6 +241,10 @@ class TalkerPrompt:
     embeds: torch.Tensor        # [T, H]
     trailing: torch.Tensor      # [L, H]
     pad: torch.Tensor           # [H]
+    repetition_penalty: float = 1.05    # on code-0 ids seen so far (the reference's default)
+
+    def __len__(self) -> int:   # the engine's prompt length
+        return self.embeds.shape[0]
 
 
 class Qwen3TTS(nn.Module):
@@ -306,6 +313,59 @@ class Qwen3TTS(nn.Module):
             if j + 1 < self.num_code_groups - 1:
                 x = cp.model.codec_embedding[j](codes[-1])
         return torch.stack(codes, dim=1)
+
+    # -- frame model for the AR engine (python_backends/ar/model_runner.FrameModel) --------------
+    @property
+    def num_codes(self) -> int:
+        return self.num_code_groups
+
+    def allocate_rows(self, rows: int, batch: int, max_steps: int) -> None:
+        """Per-row state, indexed by the engine's row: the last frame (the next input), the text stream
+        (cut at max_steps: no row decodes further), its length, the pad vector, the code-0 ids seen so
+        far and the repetition penalty; the predictor's cache for `batch` rows (fixed before capture)."""
+        w = self.talker.codec_head.weight
+        h, dev = w.shape[1], w.device
+        self.row_state = SimpleNamespace(
+            frame=torch.zeros(rows, self.num_code_groups, dtype=torch.long, device=dev),
+            text=torch.zeros(rows, max_steps, h, dtype=w.dtype, device=dev),
+            text_len=torch.zeros(rows, dtype=torch.long, device=dev),
+            pad=torch.zeros(rows, h, dtype=w.dtype, device=dev),
+            seen=torch.zeros(rows, self.config.talker.vocab_size, dtype=torch.bool, device=dev),
+            penalty=torch.ones(rows, device=dev))
+        self.rules = TalkerRules(self)
+        self.reserve(batch)
+
+    def admit_row(self, row: int, prompt: TalkerPrompt) -> None:
+        r = self.row_state
+        n = min(prompt.trailing.shape[0], r.text.shape[1])
+        r.text[row, :n] = prompt.trailing[:n]
+        r.text_len[row] = n
+        r.pad[row] = prompt.pad
+        r.seen[row] = False
+        r.penalty[row] = prompt.repetition_penalty
+
+    def prefill_embeds(self, prompts: list[TalkerPrompt]) -> torch.Tensor:
+        return torch.cat([p.embeds for p in prompts])
+
+    def decode_embeds(self, rows: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """embed_frame(last frame) + the text vector of step count-1 (`text_at`, gathered straight from
+        the row table rather than copying each row's whole stream)."""
+        r = self.row_state
+        step = count - 1
+        picked = r.text[rows, step.clamp(0, r.text.shape[1] - 1)]
+        text = torch.where((step < r.text_len[rows])[:, None], picked, r.pad[rows])
+        return self.embed_frame(r.frame[rows], text)
+
+    def sample_frame(self, hidden: torch.Tensor, rows: torch.Tensor, count: torch.Tensor, pick) -> torch.Tensor:
+        """generate_codes' step: rules -> code 0 -> predict_codes. Frame f's code j draws with step
+        f*N + j, so a seeded request's frames depend on its seed alone, not on its batch."""
+        r, n = self.row_state, self.num_code_groups
+        logits = self.rules(self.compute_logits(hidden), r.seen[rows], count, r.penalty[rows])
+        code0 = pick(logits, count * n)
+        r.seen.index_put_((rows, code0), torch.ones_like(code0, dtype=torch.bool))   # no host scalar: capturable
+        codes = self.predict_codes(hidden, code0, lambda lg, j: pick(lg, count * n + j + 1))
+        r.frame[rows] = codes
+        return codes
 
     def predictor_logits(self, hidden: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """Teacher-forced predictor logits for codebooks 1..N-1: hidden [B, H], codes [B, N] -> [B, N-1, V]."""
@@ -437,6 +497,15 @@ class SubtalkerSampler:
         from python_backends.ar.sampling import sample
 
         return sample(logits, self.t, self.k, self.p, self.seeds, self.frames * self.n + j, True, True)
+
+
+def talker_engine(model: Qwen3TTS, config, device=None, dtype=None):
+    """The AR engine over this talker: prompts are `TalkerPrompt`s, outputs frames; codec EOS stops."""
+    from python_backends.ar.engine import LLMEngine
+
+    p = next(model.parameters())
+    return LLMEngine(model, config, device or p.device, dtype or p.dtype,
+                     eos_token_ids=[model.config.codec_eos_token_id], vocab_size=model.config.talker.vocab_size)
 
 
 # --- loading and a plain generation loop ----------------------------------------------------------

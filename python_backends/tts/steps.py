@@ -3,4 +3,5 @@ import python_backends.tts.codec  # noqa: F401
 import python_backends.tts.kokoro_steps  # noqa: F401
 import python_backends.tts.post  # noqa: F401
 import python_backends.tts.pre  # noqa: F401
+import python_backends.tts.qwen3_tts_steps  # noqa: F401
 import python_backends.tts.talker  # noqa: F401

@@ -1,0 +1,134 @@
+"""`talker_frames`: the Qwen3-TTS talker as a decoupled step on the AR engine, frames streamed out.
+
+The AR step's machinery is reused as is (engine loop thread, delivery thread, aborts and cancellation
+checks); only what goes in and comes out differs: a request's text tokens, language, speaker (and an
+instruction) become a `TalkerPrompt` of embeddings, and each response carries the frames [F, N] sampled
+since the last one (streaming) or all of them at the end. `speech` is passed along for a codec step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from python_backends.ar.engine import LLMEngine
+from python_backends.ar.sampling import FIELD, SamplingParams
+from python_backends.ar.step import DTYPES, ARDecode, ARParams, _Reply
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.front import ABORT_INPUT
+from python_backends.runtime.spec import TensorSpec
+from python_backends.runtime.step import Request, ResponseSink, register, string_array
+from python_backends.tts.qwen3_tts import load_qwen3_tts, talker_engine
+from python_backends.tts.request import SPEECH, Speech
+
+# the reference's generate() defaults, for code 0 and the code predictor alike
+REFERENCE_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0}
+REFERENCE_REPETITION_PENALTY = 1.05
+
+
+@dataclass
+class TalkerFramesParams(ARParams):
+    pass
+
+
+@dataclass(eq=False)
+class _FrameReply(_Reply):
+    speech: np.ndarray | None = None
+
+
+@register("talker_frames")
+class TalkerFrames(ARDecode):
+    inputs = (
+        TensorSpec("input_ids", "TYPE_INT32", (-1,), optional=True),     # tokens of qwen3_tts.assistant_text(text)
+        TensorSpec("instruct_ids", "TYPE_INT32", (-1,), optional=True),  # tokens of instruct_text(instruction)
+        TensorSpec("language", "TYPE_STRING", (1,), optional=True),
+        TensorSpec("speaker", "TYPE_STRING", (1,), optional=True),
+        TensorSpec("non_streaming", "TYPE_BOOL", (1,), optional=True),   # the whole text in the prompt
+        TensorSpec("sampling", "TYPE_STRING", (1,), optional=True),
+        TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
+        TensorSpec("speech", "TYPE_STRING", (1,), optional=True),
+        TensorSpec(ABORT_INPUT, "TYPE_STRING", (1,), optional=True, control=True),
+    )
+    outputs = (
+        TensorSpec("codes", "TYPE_INT32", (-1, -1)),          # [frames, N], codebook 0 first
+        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),  # frames so far
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        SPEECH,
+    )
+    Params = TalkerFramesParams
+
+    def make_engine(self, folder) -> LLMEngine:
+        p = self.params
+        if p.dtype not in DTYPES or p.load_format != "auto":
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)} and load_format 'auto'")
+        self.model = load_qwen3_tts(folder, self.ctx.device, DTYPES[p.dtype])
+        if torch.device(self.ctx.device).type == "cuda" and p.use_triton_kernels:
+            from kernels import dispatch
+
+            dispatch.enable(True)
+        engine = talker_engine(self.model, p.engine_config())
+        if engine.runner.use_graphs:
+            engine.runner.capture_graphs()
+        return engine
+
+    # -- Triton's thread ----------------------------------------------------------------------
+    def submit(self, request: Request, sink: ResponseSink) -> None:
+        if self.handle_abort(request, sink):
+            return
+        model = self.model
+        ids = self._ids(request, "input_ids")
+        if ids is None or len(ids) < 9:
+            raise InvalidInput("input_ids", "expected the tokens of assistant_text(text): 3 role tokens, the "
+                                            "text, 5 closing tokens")
+        raw = request.json("sampling") or {}
+        if not isinstance(raw, dict):
+            raise InvalidInput("sampling", "expected a JSON object")
+        penalty = raw.pop("repetition_penalty", REFERENCE_REPETITION_PENALTY)
+        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or penalty <= 0:
+            raise InvalidInput(f"{FIELD}.repetition_penalty", f"must be a number > 0, got {penalty!r}")
+        params = SamplingParams.from_dict({**REFERENCE_SAMPLING, **raw})
+        try:
+            with torch.inference_mode():
+                prompt = model.build_prompt(ids, request.string("language") or "auto", request.string("speaker"),
+                                            self._ids(request, "instruct_ids"),
+                                            bool(request.scalar("non_streaming", False)))
+        except ValueError as exc:           # an unknown language or speaker (the message names it)
+            raise InvalidInput("language" if str(exc).startswith("language") else "speaker", str(exc)) from None
+        prompt.repetition_penalty = float(penalty)
+        speech = request.get("speech")
+        reply = _FrameReply(sink, None, bool(request.scalar("stream", False)), len(prompt),
+                            speech=speech.reshape(1) if speech is not None else Speech(seed=0).tensor())
+        self.start(request, reply, prompt, params)
+
+    def _ids(self, request: Request, name: str) -> list[int] | None:
+        ids = request.get(name)
+        if ids is None:
+            return None
+        vocab = self.model.config.talker.text_vocab_size
+        if ids.ndim != 1 or ((ids < 0) | (ids >= vocab)).any():
+            raise InvalidInput(name, f"expected a 1-D list of token ids in [0, {vocab})")
+        return ids.tolist()
+
+    # -- the delivery thread ------------------------------------------------------------------
+    def _deliver(self, reply: _FrameReply, new: list[list[int]], reason: str | None) -> None:
+        reply.n_released += len(new)
+        if not reply.streaming:
+            reply.unsent += new
+            if reason is None:
+                return
+            new, reply.unsent = reply.unsent, []
+        elif not new and reason is None:
+            return
+        self._send(reply, [], new, None, reason)
+        if reason is not None:
+            self._close(reply)
+
+    def _send(self, reply: _FrameReply, context, new: list[list[int]], stop, reason: str | None) -> None:
+        self.requests_finished += reason is not None
+        reply.sink.send({
+            "codes": np.asarray(new, dtype=np.int32).reshape(-1, self.model.num_codes),
+            "completion_tokens": np.asarray([reply.n_released], dtype=np.int32),
+            "finish_reason": string_array(reason or ""),
+            "speech": reply.speech,
+        }, final=reason is not None)
