@@ -9,7 +9,7 @@ of the reference code (baseline), on the released shapes with random weights, in
 orpheus_tts  canopylabs/orpheus-3b-0.1-ft (Llama-3.2-3B talker) + hubertsiuzdak/snac_24khz. baseline: transformers
              LlamaForCausalLM.generate (static cache, a batch of c) + `snac` SNAC.decode of those tokens.
 kokoro_tts   hexgrad/Kokoro-82M. baseline: the `kokoro` package's KModel forward, one utterance per call.
-qwen3_tts    placeholder (NotImplementedError): its ensemble does not exist yet.
+qwen3_tts    placeholder (NotImplementedError): the ensemble exists, its benchmark mode is to write.
 inprocess: the ensemble's steps built from ensemble_configs/<model>.yaml with the server's parameters, fed
 as Triton batches them. Modes run in the order server, inprocess, baseline: the server's processes free
 the GPU when they stop; what in-process leaves fits in the 15% gpu_memory_utilization keeps free.
@@ -383,11 +383,12 @@ def kokoro_baseline(ctx):
 
 
 def qwen3_tts(ctx):
-    # Qwen3-TTS-12Hz-0.6B: add once ensemble_configs/qwen3_tts.yaml exists (the model is in
-    # python_backends/tts/qwen3_tts*.py, tiny checkpoints in converters/tiny_qwen3_tts.py). The same three
-    # modes; baseline: the `qwen-tts` package. Issue targets: TTFA p50 <= 50 ms at c=1 and <= 150 ms at
+    # Qwen3-TTS-12Hz-0.6B: to write. The ensemble is ensemble_configs/qwen3_tts.yaml (model code in
+    # python_backends/tts/qwen3_tts*.py; the release layout is what converters/tiny_qwen3_tts.py writes,
+    # at real sizes). The same three modes; baseline: the `qwen-tts` package (its own environment:
+    # transformers 4.57.3). Issue targets: TTFA p50 <= 50 ms at c=1 and <= 150 ms at
     # c=16; audio s/s >= 3x qwen-tts's at c=16 (add c=16 to --concurrency).
-    raise NotImplementedError("qwen3_tts: its ensemble does not exist yet (see qwen3_tts() in bench_tts.py)")
+    raise NotImplementedError("qwen3_tts: benchmark mode not written yet (see qwen3_tts() in bench_tts.py)")
 
 
 MODE_FNS = {("orpheus_tts", "baseline"): orpheus_baseline, ("orpheus_tts", "inprocess"): orpheus_inprocess,

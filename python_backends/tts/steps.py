@@ -3,5 +3,6 @@ import python_backends.tts.codec  # noqa: F401
 import python_backends.tts.kokoro_steps  # noqa: F401
 import python_backends.tts.post  # noqa: F401
 import python_backends.tts.pre  # noqa: F401
+import python_backends.tts.qwen3_tts_serve  # noqa: F401
 import python_backends.tts.qwen3_tts_steps  # noqa: F401
 import python_backends.tts.talker  # noqa: F401

@@ -1,0 +1,318 @@
+"""The Qwen3-TTS ensemble's own steps (ensemble_configs/qwen3_tts.yaml): pre -> talker -> codec -> post.
+
+`qwen3_tts_pre`      speech inputs -> the talker's inputs: the text's tokens (assistant_text), the speaker
+                     (the request's `voice`: one of the checkpoint's preset speakers), sampling (the
+                     release's defaults; the seed drawn here when absent, so a seeded request gets the
+                     same audio streamed or not), `speech`. Bad requests fail here, naming the field.
+`qwen3_tts_talker`   `talker_frames` (the AR engine, frames of N codes) with a sink that shapes its
+                     stream for a stateless codec, as the Orpheus talker does: a response goes out only
+                     when a chunk can be played (`ChunkPlan.ready_end` grows) or at the end, and it
+                     repeats the already-sent frames from the first one the next chunk's window needs.
+                     Codes travel flattened ([frames * N], ragged) so requests batch in the codec.
+`qwen3_tts_codec`    frames -> 24 kHz waveform with the 12 Hz speech tokenizer's decoder, windows of all
+                     requests in the batch decoded together (same-length windows, `decode_batch` rows
+                     per call: a window decodes to the same bits whichever requests share its batch).
+
+Exactness. The decoder is fully causal (no lookahead, python_backends/tts/qwen3_tts_codec.py), so a
+chunk [s, e) is decoded as the window [s - left, e) and its own samples are kept. `context_frames`
+= 0 (the default) takes left from the decoder's receptive field (`context_frames()`: 27 frames for
+the tiny config, 581 for the release one, ~46 s, mostly its sliding-window transformer): every kept
+sample then equals the whole-utterance decode's sample up to float rounding (rope positions start
+at the window, the transformer's sums run in another order). Streamed and non-streamed requests cut
+the same chunks and decode the same windows (`ChunkPlan` is a pure function of frame counts), so the
+streamed PCM equals the non-streamed PCM bit for bit. A smaller `context_frames` trades exactness
+against the whole-utterance decode for cheaper windows (the reference's chunked_decode uses 25); the
+streamed == non-streamed equality holds for any value.
+
+Not here: voice cloning (Base checkpoints: reference_audio -> x-vector / ICL codes), instructions
+(VoiceDesign / 1.7B CustomVoice instruct), a language choice (the talker's `auto`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from python_backends.ar.sampling import FIELD as SAMPLING, SamplingParams
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.spec import TensorSpec
+from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
+from python_backends.text.tokenizer import load_tokenizer
+from python_backends.tts.chunking import ChunkPlan
+from python_backends.tts.qwen3_tts import assistant_text
+from python_backends.tts.qwen3_tts_codec import CodecDecoder, load_codec, read_codec_config
+from python_backends.tts.qwen3_tts_steps import (REFERENCE_REPETITION_PENALTY, REFERENCE_SAMPLING, TalkerFrames,
+                                                 TalkerFramesParams)
+from python_backends.tts.request import SPEECH, SPEECH_INPUTS, Speech, parse_speech, reject_reference
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MIN_AUDIO_FRAMES = 12           # a prompt must leave room for about a second of audio
+ROLE_TOKENS, CLOSING_TOKENS = 3, 5
+
+
+def speech_folder(ctx: StepContext, codec_checkpoint: str, checkpoint: str):
+    """The speech tokenizer folder: `codec_checkpoint`, or the release folder's `speech_tokenizer/`."""
+    if codec_checkpoint:
+        return ctx.checkpoint(codec_checkpoint)
+    return ctx.checkpoint(checkpoint) / "speech_tokenizer"
+
+
+def codec_plan(folder, first: int, size: int, context: int = 0) -> ChunkPlan:
+    """The chunk plan for a speech tokenizer folder (its config alone: layers built on the meta device).
+    `context` 0: the decoder's receptive field."""
+    if context <= 0:
+        with torch.device("meta"):
+            context, _ = CodecDecoder(read_codec_config(folder)["decoder_config"]).context_frames()
+    return ChunkPlan(first, size, context, 0)
+
+
+# --- pre ------------------------------------------------------------------------------------------
+@dataclass
+class Qwen3TTSPreParams:
+    checkpoint: str = ""
+    max_model_len: int = 4096
+    default_voice: str = "vivian"       # a preset speaker of the CustomVoice releases (and the tiny one)
+    max_text_chars: int = 4000
+    max_tokens: int = 2048              # frames when the request sets none (~164 s at 12.5 Hz)
+
+
+@register("qwen3_tts_pre")
+class Qwen3TTSPre(Step):
+    inputs = SPEECH_INPUTS
+    outputs = (
+        TensorSpec("input_ids", "TYPE_INT32", (-1,)),
+        TensorSpec("speaker", "TYPE_STRING", (1,)),
+        TensorSpec("sampling", "TYPE_STRING", (1,)),
+        SPEECH,
+    )
+    Params = Qwen3TTSPreParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        folder = ctx.checkpoint(self.params.checkpoint)
+        self.config = json.loads((folder / "config.json").read_text())["talker_config"]
+        self.voices = sorted((self.config.get("spk_id") or {}).keys())
+        if not self.voices:
+            raise ValueError(f"{folder} has no preset speakers (talker_config.spk_id): only CustomVoice "
+                             "checkpoints are served (no voice cloning / voice design yet)")
+        if self.params.default_voice.lower() not in self.voices:
+            raise ValueError(f"default_voice {self.params.default_voice!r} is not among {self.voices}")
+        self.tokenizer = load_tokenizer(folder)
+        self.text_vocab = self.config["text_vocab_size"]
+
+    def prompt_len(self, speaker: str) -> int:
+        """Positions of the talker's prompt (Qwen3TTS.build_prompt, streaming text, no instruction):
+        3 role tokens + the codec prefix (3, or 4 with a language tag: a dialect speaker's under
+        `auto`) + speaker + pad + bos; the text then streams one token per frame."""
+        dialect = (self.config.get("spk_is_dialect") or {}).get(speaker, False)
+        return ROLE_TOKENS + (4 if dialect else 3) + 3
+
+    def sampling(self, req: Request, prompt_len: int, text_len: int) -> dict:
+        raw = req.json(SAMPLING) or {}
+        if not isinstance(raw, dict):
+            raise InvalidInput(SAMPLING, "expected a JSON object")
+        for key in ("stop", "stop_token_ids"):
+            if key in raw:
+                raise InvalidInput(f"{SAMPLING}.{key}", "stop conditions do not apply to speech")
+        penalty = raw.pop("repetition_penalty", REFERENCE_REPETITION_PENALTY)
+        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or penalty <= 0:
+            raise InvalidInput(f"{SAMPLING}.repetition_penalty", f"must be a number > 0, got {penalty!r}")
+        params = SamplingParams.from_dict({**REFERENCE_SAMPLING, **raw})
+        p = self.params
+        if params.max_tokens is None:
+            params.max_tokens = min(p.max_tokens, p.max_model_len - prompt_len)
+        params = params.resolve(prompt_len, p.max_model_len, self.text_vocab)
+        return {**params.to_dict(), "repetition_penalty": float(penalty)}
+
+    def one(self, req: Request) -> dict:
+        p = self.params
+        speech = parse_speech(req, self.voices, p.default_voice.lower(), p.max_text_chars)
+        reject_reference(req, self.voices)
+        ids = self.tokenizer(assistant_text(speech.text))["input_ids"]
+        text_len = len(ids) - ROLE_TOKENS - CLOSING_TOKENS
+        prompt_len = self.prompt_len(speech.voice)
+        fits = p.max_model_len - prompt_len - MIN_AUDIO_FRAMES
+        if text_len > fits:
+            raise InvalidInput("text", f"is too long: {text_len} tokens; at most {fits} fit (the context holds "
+                                       f"{p.max_model_len} frames, the text streams one token per frame)")
+        sampling = self.sampling(req, prompt_len, text_len)
+        return {"input_ids": np.asarray(ids, dtype=np.int32),
+                "speaker": string_array(speech.voice),
+                "sampling": string_array(json.dumps(sampling)),
+                "speech": Speech(sampling["seed"], speech.response_format, speech.stream).tensor()}
+
+
+# --- talker -----------------------------------------------------------------------------------------
+@dataclass
+class Qwen3TTSTalkerParams(TalkerFramesParams):
+    codec_checkpoint: str = ""      # the speech tokenizer folder ("": the checkpoint's speech_tokenizer/)
+    first_chunk_frames: int = 3
+    chunk_frames: int = 12
+    context_frames: int = 0         # left context per chunk window; 0: the decoder's receptive field
+
+
+class FrameChunkSink(ResponseSink):
+    """One request's sink: talker_frames' responses -> codec-ready ones (frames flattened)."""
+
+    def __init__(self, inner: ResponseSink, plan: ChunkPlan, streaming: bool, num_codes: int):
+        self.inner, self.plan, self.streaming, self.n = inner, plan, streaming, num_codes
+        self.frames: list[np.ndarray] = []     # every frame released so far, [N] each
+        self.sent = 0                          # how many of them went out
+
+    def send(self, outputs: dict[str, Any], final: bool = False) -> None:
+        if "codes" not in outputs:             # an abort's empty acknowledgement
+            self.inner.send(outputs, final)
+            return
+        self.frames += list(np.asarray(outputs["codes"], dtype=np.int32).reshape(-1, self.n))
+        total = len(self.frames)
+        if not final and self.plan.ready_end(total) <= self.plan.ready_end(self.sent):
+            return                             # nothing new to play yet
+        start = self.plan.context_start(self.sent) if self.streaming else 0
+        codes = np.stack(self.frames[start:]) if total > start else np.zeros((0, self.n), np.int32)
+        self.inner.send({
+            "codes": codes.reshape(-1),
+            "num_context": np.asarray([self.sent - start], dtype=np.int32),
+            "completion_tokens": np.asarray([total], dtype=np.int32),
+            "finish_reason": outputs["finish_reason"],
+            "speech": outputs["speech"],
+        }, final)
+        self.sent = total
+
+    def error(self, exc: BaseException) -> None:
+        self.inner.error(exc)
+
+    def is_cancelled(self) -> bool:
+        return self.inner.is_cancelled()
+
+
+@register("qwen3_tts_talker")
+class Qwen3TTSTalker(TalkerFrames):
+    # what pre sends (and `stream`, the ensemble's): no language / instruction / non_streaming inputs, so
+    # the ensemble exposes only the speech route's tensors
+    inputs = tuple(s for s in TalkerFrames.inputs if s.name not in ("instruct_ids", "language", "non_streaming"))
+    outputs = (
+        TensorSpec("codes", "TYPE_INT32", (-1,)),             # [frames * N] from the window's first frame
+        TensorSpec("num_context", "TYPE_INT32", (1,)),        # frames of them sent before
+        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),  # frames so far
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        SPEECH,
+    )
+    Params = Qwen3TTSTalkerParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        p = self.params
+        self.plan = codec_plan(speech_folder(ctx, p.codec_checkpoint, p.checkpoint), p.first_chunk_frames,
+                               p.chunk_frames, p.context_frames)
+
+    def submit(self, request: Request, sink: ResponseSink) -> None:
+        if self.handle_abort(request, sink):
+            return
+        sink = FrameChunkSink(sink, self.plan, bool(request.scalar("stream", False)), self.model.num_codes)
+        super().submit(request, sink)
+
+
+# --- codec ------------------------------------------------------------------------------------------
+@dataclass
+class Qwen3TTSCodecParams:
+    checkpoint: str = ""
+    codec_checkpoint: str = ""
+    dtype: str = "float32"
+    first_chunk_frames: int = 3
+    chunk_frames: int = 12
+    context_frames: int = 0
+    decode_batch: int = 4           # windows per decoder call (fixed, see the module docstring)
+
+
+@dataclass
+class _Window:
+    request: int
+    order: int
+    codes: np.ndarray               # [frames, N] of the window
+    keep: tuple[int, int]           # the chunk's frames, relative to the window
+
+
+@register("qwen3_tts_codec")
+class Qwen3TTSCodecStep(Step):
+    inputs = (
+        TensorSpec("codes", "TYPE_INT32", (-1,), ragged=True),
+        TensorSpec("num_context", "TYPE_INT32", (1,)),
+        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        SPEECH,
+    )
+    outputs = (
+        TensorSpec("waveform", "TYPE_FP32", (-1,)),
+        TensorSpec("sample_rate", "TYPE_INT32", (1,)),
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        SPEECH,
+    )
+    Params = Qwen3TTSCodecParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        p = self.params
+        if p.dtype not in DTYPES or p.decode_batch < 1:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)} and decode_batch >= 1")
+        folder = speech_folder(ctx, p.codec_checkpoint, p.checkpoint)
+        self.codec = load_codec(folder, ctx.device, DTYPES[p.dtype])
+        self.n = self.codec.num_quantizers
+        self.codebook_size = self.codec.decoder.config["codebook_size"]
+        self.plan = codec_plan(folder, p.first_chunk_frames, p.chunk_frames, p.context_frames)
+
+    def windows(self, index: int, req: Request) -> list[_Window]:
+        codes = req.get("codes")
+        codes = codes.cpu().numpy() if hasattr(codes, "cpu") else np.asarray(codes)
+        codes = codes.reshape(-1, self.n)
+        n_ctx, total = int(req.scalar("num_context")), int(req.scalar("completion_tokens"))
+        reason = req.string("finish_reason") or ""
+        if reason == "cancelled":
+            return []
+        before = total - (codes.shape[0] - n_ctx)
+        first = before - n_ctx                          # frame index of codes[0]
+        out = []
+        for order, chunk in enumerate(self.plan.chunks(before, total, final=bool(reason))):
+            start, end = self.plan.window(chunk, total)
+            if start < first:
+                raise RuntimeError(f"the talker sent context from frame {first}, the window needs {start}: "
+                                   "talker and codec disagree on the chunk plan")
+            out.append(_Window(index, order, codes[start - first:end - first], (chunk[0] - start, chunk[1] - start)))
+        return out
+
+    def decode(self, group: list[_Window]) -> list[np.ndarray]:
+        n, fs = self.params.decode_batch, self.codec.frame_samples
+        out = []
+        for i in range(0, len(group), n):
+            rows = group[i:i + n]
+            rows = rows + [rows[0]] * (n - len(rows))
+            codes = np.stack([w.codes for w in rows]).astype(np.int64).clip(0, self.codebook_size - 1)  # ignore_eos
+            codes = torch.from_numpy(codes).to(self.ctx.device)
+            wave = self.codec.decode_window(codes).float().cpu().numpy()
+            out += [wave[r, w.keep[0] * fs:w.keep[1] * fs] for r, w in enumerate(group[i:i + n])]
+        return out
+
+    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
+        results: list[dict | BaseException | None] = [None] * len(requests)
+        jobs: list[_Window] = []
+        for i, req in enumerate(requests):
+            try:
+                jobs += self.windows(i, req)
+            except Exception as exc:  # noqa: BLE001 - this request fails, its neighbours go on
+                results[i] = exc
+        pieces: dict[tuple[int, int], np.ndarray] = {}
+        for length in sorted({len(w.codes) for w in jobs}):
+            group = [w for w in jobs if len(w.codes) == length]
+            for w, samples in zip(group, self.decode(group)):
+                pieces[(w.request, w.order)] = samples
+        for i, req in enumerate(requests):
+            if results[i] is not None:
+                continue
+            mine = [pieces[k] for k in sorted(k for k in pieces if k[0] == i)]
+            results[i] = {"waveform": np.concatenate(mine) if mine else np.zeros(0, np.float32),
+                          "sample_rate": np.asarray([self.codec.sample_rate], dtype=np.int32),
+                          "finish_reason": req.get("finish_reason"),
+                          "speech": req.get("speech")}
+        return results
