@@ -25,6 +25,7 @@ from python_backends.models.registry import load_causal_lm, text_config
 from python_backends.runtime.errors import Cancelled, InvalidInput
 from python_backends.runtime.front import ABORT_INPUT
 from python_backends.runtime.metrics import Gauge
+from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from python_backends.text.stream import TokenStream
@@ -35,7 +36,6 @@ CANCEL_CHECK_S = 0.1
 ABORT_MEMORY_S = 60.0
 CANCEL = "cancel"            # outbox message: the front asked to abort this reply
 CANCEL_CHECKS_PER_ROUND = 8
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -89,18 +89,17 @@ def eos_token_ids(folder, tokenizer) -> list[int]:
 
 def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, object]:
     """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks)."""
-    if params.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {params.dtype!r}")
+    dtype = torch_dtype(params.dtype)
     if params.load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {params.load_format!r}")
     tokenizer = load_tokenizer(folder)
-    model = load_causal_lm(folder, device, DTYPES[params.dtype], dummy=params.load_format == "dummy")
+    model = load_causal_lm(folder, device, dtype, dummy=params.load_format == "dummy")
     if torch.device(device).type == "cuda" and params.use_triton_kernels:
         from kernels import dispatch
 
         dispatch.enable(True)
     vocab = model.config.vocab_size
-    engine = LLMEngine(model, params.engine_config(), device, DTYPES[params.dtype],
+    engine = LLMEngine(model, params.engine_config(), device, dtype,
                        eos_token_ids(folder, tokenizer), vocab)
     if engine.runner.use_graphs:
         engine.runner.capture_graphs()

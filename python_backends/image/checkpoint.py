@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.step import StepContext
 
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def pipeline_folder(ctx: StepContext, value: str) -> Path:
@@ -44,14 +44,6 @@ def vae_scale_factor(folder: Path) -> int:
     if "temperal_downsample" in config:                   # sic: diffusers' spelling of the key
         return 2 ** len(config["temperal_downsample"])
     return 2 ** (len(config["block_out_channels"]) - 1)
-
-
-def torch_dtype(name: str):
-    import torch
-
-    if name not in DTYPES:
-        raise ValueError(f"parameter 'dtype': expected one of {', '.join(DTYPES)}, got {name!r}")
-    return getattr(torch, name)
 
 
 def load_component(folder: Path, name: str, dtype: str = "float32", device: str = "cpu"):

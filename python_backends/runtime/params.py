@@ -60,3 +60,15 @@ def parse_params(params_cls: type, raw: dict[str, str], strict: bool = True):
     if unknown and strict:
         raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(types)}")
     return params_cls(**{k: parse_value(k, v, types[k]) for k, v in raw.items() if k in types})
+
+
+TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def torch_dtype(name: str):
+    """A step's `dtype` parameter as a torch dtype (torch imported only by the steps that need it)."""
+    import torch
+
+    if name not in TORCH_DTYPES:
+        raise ValueError(f"parameter 'dtype': expected one of {', '.join(TORCH_DTYPES)}, got {name!r}")
+    return getattr(torch, name)

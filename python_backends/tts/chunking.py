@@ -15,6 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from python_backends.runtime.params import torch_dtype
+from python_backends.runtime.step import Request, Step, StepContext
+from python_backends.tts.request import AUDIO_CHUNK_OUTPUTS
+
 
 @dataclass(frozen=True)
 class ChunkPlan:
@@ -57,3 +63,73 @@ class ChunkPlan:
     def context_start(self, before: int) -> int:
         """The first frame the next emission can need, given `before` frames were known."""
         return max(0, self.ready_end(before) - self.left)
+
+
+@dataclass
+class Window:
+    """One chunk's decode window, cut from a talker response."""
+    request: int                    # index in the batch
+    order: int                      # chunk order within the request
+    data: np.ndarray                # the window's codec input (its length groups windows for a batch)
+    start: int                      # first frame of the window
+    keep: tuple[int, int]           # the chunk's frames, relative to the window
+    seed: int = 0                   # for codecs that draw noise
+
+
+class ChunkedCodec(Step):
+    """Base of the stateless codec steps. Each talker response carries every frame its chunks'
+    windows need; `windows` cuts them, and windows of the same length from all requests in the batch
+    are decoded together, always `decode_batch` rows per call (short groups padded with a copy of a
+    row): a convolution's rounding can depend on the batch size, and a window must decode to the same
+    bits whichever requests share its batch, or streamed audio would differ from non-streamed audio.
+    A subclass sets `sample_rate` and `frame_samples` and implements `windows` and `decode_rows`."""
+    outputs = AUDIO_CHUNK_OUTPUTS
+    sample_rate: int
+    frame_samples: int
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        if self.params.decode_batch < 1:
+            raise ValueError("decode_batch must be >= 1")
+        self.dtype = torch_dtype(self.params.dtype)
+
+    def windows(self, index: int, req: Request) -> list[Window]:
+        """The windows one talker response asks for."""
+        raise NotImplementedError
+
+    def decode_rows(self, rows: list[Window]):
+        """`decode_batch` same-length windows -> their waveforms, [rows, samples] (numpy, float32)."""
+        raise NotImplementedError
+
+    def decode(self, group: list[Window]) -> list[np.ndarray]:
+        """Same-length windows -> each one's kept samples, `decode_batch` rows per call."""
+        n, fs = self.params.decode_batch, self.frame_samples
+        out = []
+        for i in range(0, len(group), n):
+            rows = group[i:i + n]
+            wave = self.decode_rows(rows + [rows[0]] * (n - len(rows)))
+            out += [wave[r, w.keep[0] * fs:w.keep[1] * fs] for r, w in enumerate(rows)]
+        return out
+
+    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
+        results: list[dict | BaseException | None] = [None] * len(requests)
+        jobs: list[Window] = []
+        for i, req in enumerate(requests):
+            try:
+                jobs += self.windows(i, req)
+            except Exception as exc:  # noqa: BLE001 - this request fails, its neighbours go on
+                results[i] = exc
+        pieces: dict[tuple[int, int], np.ndarray] = {}
+        for length in sorted({len(w.data) for w in jobs}):
+            group = [w for w in jobs if len(w.data) == length]
+            for w, samples in zip(group, self.decode(group)):
+                pieces[(w.request, w.order)] = samples
+        for i, req in enumerate(requests):
+            if results[i] is not None:
+                continue
+            mine = [pieces[k] for k in sorted(k for k in pieces if k[0] == i)]
+            results[i] = {"waveform": np.concatenate(mine) if mine else np.zeros(0, np.float32),
+                          "sample_rate": np.asarray([self.sample_rate], dtype=np.int32),
+                          "finish_reason": req.get("finish_reason"),
+                          "speech": req.get("speech")}
+        return results

@@ -19,13 +19,14 @@ import numpy as np
 import torch
 
 from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from python_backends.tts.kokoro import SAMPLE_RATE, Kokoro, load_voice, voice_style
 from python_backends.tts.kokoro_text import Phonemizer, check_phonemes, segments
-from python_backends.tts.request import SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, parse_speech, reject_reference
+from python_backends.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, parse_speech,
+                                         reject_reference)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PHONEMES = TensorSpec("phonemes", "TYPE_STRING", (1,), optional=True)
 
 
@@ -129,9 +130,7 @@ class KokoroSynth(Step):
 
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
-        if self.params.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.params.dtype!r}")
-        self.model = Kokoro.load(ctx.checkpoint(self.params.checkpoint), ctx.device, DTYPES[self.params.dtype])
+        self.model = Kokoro.load(ctx.checkpoint(self.params.checkpoint), ctx.device, torch_dtype(self.params.dtype))
 
     def one(self, req: Request) -> dict:
         """A request's segments through the model together (see `Kokoro.synthesize`), its noise from
@@ -172,12 +171,7 @@ class SpeechChunks(Step):
         TensorSpec("sample_rate", "TYPE_INT32", (1,)),
         SPEECH,
     )
-    outputs = (
-        TensorSpec("waveform", "TYPE_FP32", (-1,)),
-        TensorSpec("sample_rate", "TYPE_INT32", (1,)),
-        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
-        SPEECH,
-    )
+    outputs = AUDIO_CHUNK_OUTPUTS
     Params = SpeechChunksParams
 
     def __init__(self, ctx: StepContext):

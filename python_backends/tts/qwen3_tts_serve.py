@@ -41,14 +41,13 @@ from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.chunking import ChunkPlan
+from python_backends.tts.chunking import ChunkedCodec, ChunkPlan, Window
 from python_backends.tts.qwen3_tts import assistant_text
 from python_backends.tts.qwen3_tts_codec import CodecDecoder, load_codec, read_codec_config
 from python_backends.tts.qwen3_tts_steps import (REFERENCE_REPETITION_PENALTY, REFERENCE_SAMPLING, TalkerFrames,
                                                  TalkerFramesParams)
 from python_backends.tts.request import SPEECH, SPEECH_INPUTS, Speech, parse_speech, reject_reference
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MIN_AUDIO_FRAMES = 12           # a prompt must leave room for about a second of audio
 ROLE_TOKENS, CLOSING_TOKENS = 3, 5
 
@@ -227,26 +226,12 @@ class Qwen3TTSCodecParams:
     decode_batch: int = 4           # windows per decoder call (fixed, see the module docstring)
 
 
-@dataclass
-class _Window:
-    request: int
-    order: int
-    codes: np.ndarray               # [frames, N] of the window
-    keep: tuple[int, int]           # the chunk's frames, relative to the window
-
-
 @register("qwen3_tts_codec")
-class Qwen3TTSCodecStep(Step):
+class Qwen3TTSCodecStep(ChunkedCodec):
     inputs = (
         TensorSpec("codes", "TYPE_INT32", (-1,), ragged=True),
         TensorSpec("num_context", "TYPE_INT32", (1,)),
         TensorSpec("completion_tokens", "TYPE_INT32", (1,)),
-        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
-        SPEECH,
-    )
-    outputs = (
-        TensorSpec("waveform", "TYPE_FP32", (-1,)),
-        TensorSpec("sample_rate", "TYPE_INT32", (1,)),
         TensorSpec("finish_reason", "TYPE_STRING", (1,)),
         SPEECH,
     )
@@ -255,15 +240,14 @@ class Qwen3TTSCodecStep(Step):
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
         p = self.params
-        if p.dtype not in DTYPES or p.decode_batch < 1:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)} and decode_batch >= 1")
         folder = speech_folder(ctx, p.codec_checkpoint, p.checkpoint)
-        self.codec = load_codec(folder, ctx.device, DTYPES[p.dtype])
+        self.codec = load_codec(folder, ctx.device, self.dtype)
+        self.sample_rate, self.frame_samples = self.codec.sample_rate, self.codec.frame_samples
         self.n = self.codec.num_quantizers
         self.codebook_size = self.codec.decoder.config["codebook_size"]
         self.plan = codec_plan(folder, p.first_chunk_frames, p.chunk_frames, p.context_frames)
 
-    def windows(self, index: int, req: Request) -> list[_Window]:
+    def windows(self, index: int, req: Request) -> list[Window]:
         codes = req.get("codes")
         codes = codes.cpu().numpy() if hasattr(codes, "cpu") else np.asarray(codes)
         codes = codes.reshape(-1, self.n)
@@ -279,40 +263,10 @@ class Qwen3TTSCodecStep(Step):
             if start < first:
                 raise RuntimeError(f"the talker sent context from frame {first}, the window needs {start}: "
                                    "talker and codec disagree on the chunk plan")
-            out.append(_Window(index, order, codes[start - first:end - first], (chunk[0] - start, chunk[1] - start)))
+            out.append(Window(index, order, codes[start - first:end - first], start,
+                              (chunk[0] - start, chunk[1] - start)))
         return out
 
-    def decode(self, group: list[_Window]) -> list[np.ndarray]:
-        n, fs = self.params.decode_batch, self.codec.frame_samples
-        out = []
-        for i in range(0, len(group), n):
-            rows = group[i:i + n]
-            rows = rows + [rows[0]] * (n - len(rows))
-            codes = np.stack([w.codes for w in rows]).astype(np.int64).clip(0, self.codebook_size - 1)  # ignore_eos
-            codes = torch.from_numpy(codes).to(self.ctx.device)
-            wave = self.codec.decode_window(codes).float().cpu().numpy()
-            out += [wave[r, w.keep[0] * fs:w.keep[1] * fs] for r, w in enumerate(group[i:i + n])]
-        return out
-
-    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        results: list[dict | BaseException | None] = [None] * len(requests)
-        jobs: list[_Window] = []
-        for i, req in enumerate(requests):
-            try:
-                jobs += self.windows(i, req)
-            except Exception as exc:  # noqa: BLE001 - this request fails, its neighbours go on
-                results[i] = exc
-        pieces: dict[tuple[int, int], np.ndarray] = {}
-        for length in sorted({len(w.codes) for w in jobs}):
-            group = [w for w in jobs if len(w.codes) == length]
-            for w, samples in zip(group, self.decode(group)):
-                pieces[(w.request, w.order)] = samples
-        for i, req in enumerate(requests):
-            if results[i] is not None:
-                continue
-            mine = [pieces[k] for k in sorted(k for k in pieces if k[0] == i)]
-            results[i] = {"waveform": np.concatenate(mine) if mine else np.zeros(0, np.float32),
-                          "sample_rate": np.asarray([self.codec.sample_rate], dtype=np.int32),
-                          "finish_reason": req.get("finish_reason"),
-                          "speech": req.get("speech")}
-        return results
+    def decode_rows(self, rows: list[Window]) -> np.ndarray:
+        codes = np.stack([w.data for w in rows]).astype(np.int64).clip(0, self.codebook_size - 1)  # ignore_eos
+        return self.codec.decode_window(torch.from_numpy(codes).to(self.ctx.device)).float().cpu().numpy()

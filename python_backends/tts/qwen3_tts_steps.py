@@ -14,9 +14,10 @@ import torch
 
 from python_backends.ar.engine import LLMEngine
 from python_backends.ar.sampling import FIELD, SamplingParams
-from python_backends.ar.step import DTYPES, ARDecode, ARParams, _Reply
+from python_backends.ar.step import ARDecode, ARParams, _Reply
 from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.front import ABORT_INPUT
+from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, ResponseSink, register, string_array
 from python_backends.tts.qwen3_tts import load_qwen3_tts, talker_engine
@@ -60,9 +61,9 @@ class TalkerFrames(ARDecode):
 
     def make_engine(self, folder) -> LLMEngine:
         p = self.params
-        if p.dtype not in DTYPES or p.load_format != "auto":
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)} and load_format 'auto'")
-        self.model = load_qwen3_tts(folder, self.ctx.device, DTYPES[p.dtype])
+        if p.load_format != "auto":
+            raise ValueError("load_format must be 'auto'")
+        self.model = load_qwen3_tts(folder, self.ctx.device, torch_dtype(p.dtype))
         if torch.device(self.ctx.device).type == "cuda" and p.use_triton_kernels:
             from kernels import dispatch
 

@@ -28,6 +28,13 @@ SPEECH_INPUTS = (
     TensorSpec("reference_text", "TYPE_STRING", (1,), optional=True),
 )
 SPEECH = TensorSpec("speech", "TYPE_STRING", (1,))
+# what the step before speech_post hands on: a chunk (or the whole) of a request's audio
+AUDIO_CHUNK_OUTPUTS = (
+    TensorSpec("waveform", "TYPE_FP32", (-1,)),
+    TensorSpec("sample_rate", "TYPE_INT32", (1,)),
+    TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+    SPEECH,
+)
 DEFAULT_FORMAT = "mp3"                 # as OpenAI's /v1/audio/speech
 SPEED_RANGE = (0.25, 4.0)              # OpenAI's range
 
