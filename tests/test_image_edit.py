@@ -11,8 +11,6 @@ import base64
 import io
 import json
 import shutil
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,14 +25,14 @@ from tritonclient.utils import InferenceServerException
 from client.image import ImageClient
 from client.tensors import make_inputs
 from converters.schema import load_ensemble
-from launcher.triton import free_port
 from python_backends.image.qwen_image import calculate_dimensions, processor_from_parts, unpack
 from python_backends.media.image import encode_image
 from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.params import parse_params
 from python_backends.runtime.step import Request, StepContext
 from tests.conftest import ROOT, TINY, running_server
-from tests.test_openai_proxy import wait_healthy
+from tests.test_image_steps import request as text_to_image_request, run_chain
+from tests.test_openai_proxy import running_proxy
 
 MODEL = "qwen_image_edit"
 SMALL_AREA = 128 * 128          # image_area for everything but the Edit parity test
@@ -75,25 +73,7 @@ def load_steps(checkpoint: Path, **overrides) -> list:
 
 
 def request(prompt: str, images: list[bytes], **fields) -> dict:
-    types = {"size": object, "negative_prompt": object, "output_format": object, "guidance_scale": np.float32,
-             "seed": np.int64, "num_inference_steps": np.int32, "n": np.int32}
-    out = {"prompt": np.array([prompt.encode()], dtype=object), "image": np.array(images, dtype=object)}
-    for k, v in fields.items():
-        out[k] = np.array([v.encode() if isinstance(v, str) else v], dtype=types[k])
-    return out
-
-
-def run_chain(steps: list, requests: list[dict]) -> list[dict]:
-    """Every step's execute on the whole batch, outputs wired by name (as the ensemble wires them)."""
-    tensors = [dict(r) for r in requests]
-    for step in steps:
-        names = {t.name for t in step.inputs}
-        outs = step.execute([Request({k: v for k, v in t.items() if k in names}) for t in tensors])
-        for t, o in zip(tensors, outs):
-            if isinstance(o, BaseException):
-                raise o
-            t.update(o)
-    return tensors
+    return {**text_to_image_request(prompt, **fields), "image": np.array(images, dtype=object)}
 
 
 def reference(pipe, **kwargs) -> tuple[np.ndarray, np.ndarray]:
@@ -311,15 +291,8 @@ def test_bad_input_fails_that_request_only(server, case, fields, reason):
 
 @pytest.mark.server
 def test_openai_sdk_edit_equals_the_direct_call(server, tmp_path):
-    log = tmp_path / "proxy.log"
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "client.openai_proxy", "--triton-url", server.grpc_url,
-                                 "--port", str(port), "--log-level", "warning"], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT)
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}", proc, log)
-        sdk = openai.OpenAI(api_key="unused", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0, timeout=120)
+    with running_proxy(server.grpc_url, tmp_path / "proxy.log") as url:
+        sdk = openai.OpenAI(api_key="unused", base_url=f"{url}/v1", max_retries=0, timeout=120)
         source = picture(64, 48, seed=9)
         extra = {"seed": 11, "num_inference_steps": 2}
         result = sdk.images.edit(model=MODEL, image=("in.png", source, "image/png"), prompt="add a hat",
@@ -331,6 +304,3 @@ def test_openai_sdk_edit_equals_the_direct_call(server, tmp_path):
             sdk.images.edit(model=MODEL, image=("bad.png", b"not an image", "image/png"), prompt="x")
         assert "image" in str(err.value)
         sdk.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)

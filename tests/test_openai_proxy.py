@@ -9,6 +9,7 @@ mapping onto ensemble_configs/README.md's contract is checked without those mode
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import subprocess
@@ -55,15 +56,15 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
     pytest.fail(f"proxy not healthy after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def proxy(server, tmp_path_factory):
-    """The proxy's own command line, as a user starts it."""
-    tmp = tmp_path_factory.mktemp("proxy_process")
-    port, log = free_port(), tmp / "proxy.log"
+@contextlib.contextmanager
+def running_proxy(triton_url: str, log: Path, *args: str):
+    """`python -m client.openai_proxy` in front of `triton_url`, as a user starts it (extra `args`
+    appended); yields its base URL once healthy, stops it after."""
+    port = free_port()
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "client.openai_proxy", "--triton-url", server.grpc_url,
-                                 "--port", str(port), "--api-key", API_KEY, "--max-body-bytes", str(BODY_LIMIT),
-                                 "--log-level", "warning"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-m", "client.openai_proxy", "--triton-url", triton_url,
+                                 "--port", str(port), "--log-level", "warning", *args], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
@@ -75,6 +76,14 @@ def proxy(server, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def proxy(server, tmp_path_factory):
+    """The proxy's own command line, as a user starts it."""
+    log = tmp_path_factory.mktemp("proxy_process") / "proxy.log"
+    with running_proxy(server.grpc_url, log, "--api-key", API_KEY, "--max-body-bytes", str(BODY_LIMIT)) as url:
+        yield url
 
 
 @pytest.fixture

@@ -19,9 +19,8 @@ from PIL import Image
 
 from client.image import ImageClient
 from client.speech import SpeechClient
-from launcher.triton import free_port
 from tests.conftest import ROOT, running_server
-from tests.test_openai_proxy import wait_healthy
+from tests.test_openai_proxy import running_proxy
 
 pytestmark = pytest.mark.server
 SPEECH = {"seed": 5, "max_tokens": 60}
@@ -35,20 +34,10 @@ def server(tmp_path_factory, tiny_checkpoints):
 
 @pytest.fixture(scope="module")
 def sdk(server, tmp_path_factory):
-    log = tmp_path_factory.mktemp("media_proxy") / "proxy.log"
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "client.openai_proxy", "--triton-url", server.grpc_url,
-                                 "--port", str(port), "--log-level", "warning"], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT)
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}", proc, log)
-        client = openai.OpenAI(api_key="unused", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0, timeout=120)
+    with running_proxy(server.grpc_url, tmp_path_factory.mktemp("media_proxy") / "proxy.log") as url:
+        client = openai.OpenAI(api_key="unused", base_url=f"{url}/v1", max_retries=0, timeout=120)
         yield client
         client.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
 
 
 def test_models_lists_speech_and_image(sdk):

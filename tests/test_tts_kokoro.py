@@ -27,6 +27,7 @@ from python_backends.tts.kokoro_steps import (KokoroPre, KokoroPreParams, Kokoro
 from python_backends.tts.kokoro_text import LANGUAGES, Phonemizer, check_phonemes, segments, to_kokoro
 from python_backends.tts.request import Speech
 from tests.conftest import TINY, running_server
+from tests.test_tts_orpheus import speech_request
 from tests.test_tts_server import SpeechError, stream_speech
 
 HELLO = "həlˈO, wˈɜɹld!"
@@ -238,18 +239,6 @@ def pre(folder):
 @pytest.fixture(scope="module")
 def synth(folder):
     return KokoroSynth(StepContext("kokoro_synth", KokoroSynthParams(checkpoint=str(folder)), "cpu", folder.parent))
-
-
-def speech_request(**values) -> Request:
-    tensors = {}
-    for k, v in values.items():
-        if isinstance(v, bool):
-            tensors[k] = np.asarray([v])
-        elif isinstance(v, float):
-            tensors[k] = np.asarray([v], np.float32)
-        else:
-            tensors[k] = np.array([(json.dumps(v) if isinstance(v, dict) else v).encode()], dtype=np.object_)
-    return Request(tensors)
 
 
 def synthesize(pre, synth, **values) -> np.ndarray:
