@@ -38,25 +38,11 @@ def rms_norm(x, weight, eps, residual=None, zero_centered=False):
     return reference.rms_norm(x, weight, eps, residual, zero_centered)
 
 
-def rotary(q, k, cos, sin, positions):
-    ops = _kernel(q)
-    if ops is not None and hasattr(ops, "rotary"):
-        return ops.rotary(q, k, cos, sin, positions)
-    return reference.rotary(q, k, cos, sin, positions)
-
-
 def silu_and_mul(x):
     ops = _kernel(x)
     if ops is not None and hasattr(ops, "silu_and_mul"):
         return ops.silu_and_mul(x)
     return reference.silu_and_mul(x)
-
-
-def store_kv(k, v, k_cache, v_cache, slot_mapping):
-    ops = _kernel(k)
-    if ops is not None and hasattr(ops, "store_kv"):
-        return ops.store_kv(k, v, k_cache, v_cache, slot_mapping)
-    return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
 def qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,

@@ -6,10 +6,9 @@ They are written for the GPU (H200) and also run on the CPU under the Triton int
 (TRITON_INTERPRET=1, set before `import triton`), which is how the tests run without a GPU.
 
     rms_norm                 (x [+ residual]) -> norm, fused add + norm, one row per program
-    rotary                   rotate-half RoPE on q and k in one launch (partial rotary allowed)
     silu_and_mul             silu(gate) * up for a fused gate/up projection
-    store_kv                 scatter new k/v into the paged caches (slot -1 is skipped)
-    qk_norm_rope_store       per-head RMSNorm of q and k (optional) + rotary + the k/v cache write, one launch
+    qk_norm_rope_store       per-head RMSNorm of q and k (optional), rotate-half RoPE (partial rotary
+                             allowed) and the scatter of k/v into the paged caches (slot -1 skipped), one launch
     causal_conv1d_update     a decode step of the depthwise causal conv + silu, shifting each slot's window
     gated_delta_decode       a decode step of Gated DeltaNet (l2-normed q/k, decay, delta-rule state update,
                              read-out) and its gated RMSNorm, one program per (sequence, value head)
@@ -114,101 +113,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 
 # --------------------------------------------------------------------------------------------------
-# Rotary embedding (rotate-half, first 2 * HALF dims of each head)
-# --------------------------------------------------------------------------------------------------
-
-@triton.jit
-def _rotary_kernel(
-    q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
-    Hq, Hk, D, HALF,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr, HAS_REST: tl.constexpr,
-):
-    # program (t, j): token t, heads j*BLOCK_H ... of the q heads followed by the k heads
-    t = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    is_q = heads < Hq
-    is_k = (heads >= Hq) & (heads < Hq + Hk)
-    hk = heads - Hq                                       # k head index (meaningful where is_k)
-
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    offs = tl.arange(0, BLOCK_HALF)
-    dmask = offs < HALF
-    c = tl.load(cos_ptr + pos * stride_cos + offs, mask=dmask, other=0.0)[None, :]
-    s = tl.load(sin_ptr + pos * stride_sin + offs, mask=dmask, other=0.0)[None, :]
-
-    q_in = q_ptr + t * stride_qt + heads[:, None] * stride_qh
-    k_in = k_ptr + t * stride_kt + hk[:, None] * stride_kh
-    q_out = qo_ptr + t * Hq * D + heads[:, None] * D      # outputs are contiguous [T, H, D]
-    k_out = ko_ptr + t * Hk * D + hk[:, None] * D
-    mq = is_q[:, None] & dmask[None, :]
-    mk = is_k[:, None] & dmask[None, :]
-
-    # each row is a q head or a k head: load from whichever it is (the other load is masked off)
-    x1 = tl.where(mq, tl.load(q_in + offs[None, :], mask=mq, other=0.0),
-                  tl.load(k_in + offs[None, :], mask=mk, other=0.0))
-    x2 = tl.where(mq, tl.load(q_in + HALF + offs[None, :], mask=mq, other=0.0),
-                  tl.load(k_in + HALF + offs[None, :], mask=mk, other=0.0))
-    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
-    o1 = (x1f * c - x2f * s).to(x1.dtype)
-    o2 = (x2f * c + x1f * s).to(x1.dtype)
-    tl.store(q_out + offs[None, :], o1, mask=mq)
-    tl.store(q_out + HALF + offs[None, :], o2, mask=mq)
-    tl.store(k_out + offs[None, :], o1, mask=mk)
-    tl.store(k_out + HALF + offs[None, :], o2, mask=mk)
-
-    if HAS_REST:
-        # partial rotary: dims 2*HALF .. D pass through unchanged
-        offs_r = 2 * HALF + tl.arange(0, BLOCK_REST)
-        rmask = offs_r < D
-        mqr = is_q[:, None] & rmask[None, :]
-        mkr = is_k[:, None] & rmask[None, :]
-        rest = tl.where(mqr, tl.load(q_in + offs_r[None, :], mask=mqr, other=0.0),
-                        tl.load(k_in + offs_r[None, :], mask=mkr, other=0.0))
-        tl.store(q_out + offs_r[None, :], rest, mask=mqr)
-        tl.store(k_out + offs_r[None, :], rest, mask=mkr)
-
-
-def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor):
-    """q [T, Hq, D], k [T, Hk, D] (strided views are fine), cos/sin fp32 [max_pos, R/2], positions [T]
-    -> new contiguous (q, k) with the first R dims of every head rotated."""
-    T, Hq, D = q.shape
-    Hk = k.shape[1]
-    half = cos.shape[-1]
-    assert k.shape == (T, Hk, D) and k.dtype == q.dtype and q.dtype in _FLOATS, (q.shape, k.shape, k.dtype)
-    assert cos.shape == sin.shape and cos.dim() == 2 and 2 * half <= D, (cos.shape, sin.shape, D)
-    assert cos.dtype == torch.float32 and sin.dtype == torch.float32
-    assert positions.shape == (T,) and not positions.is_floating_point()
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if k.stride(-1) != 1:
-        k = k.contiguous()
-    if cos.stride(-1) != 1:
-        cos = cos.contiguous()
-    if sin.stride(-1) != 1:
-        sin = sin.contiguous()
-    positions = positions.contiguous()
-    q_out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
-    k_out = torch.empty((T, Hk, D), dtype=k.dtype, device=k.device)
-    if T == 0:
-        return q_out, k_out
-
-    BLOCK_HALF = triton.next_power_of_2(half)
-    BLOCK_REST = triton.next_power_of_2(max(D - 2 * half, 1))
-    # several heads a program (~2K elements), q heads then k heads along grid dim 1
-    BLOCK_H = min(triton.next_power_of_2(Hq + Hk), max(1, 2048 // (2 * BLOCK_HALF)))
-    grid = (T, triton.cdiv(Hq + Hk, BLOCK_H))
-    _rotary_kernel[grid](
-        q, k, q_out, k_out, cos, sin, positions,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
-        Hq, Hk, D, half,
-        BLOCK_H=BLOCK_H, BLOCK_HALF=BLOCK_HALF, BLOCK_REST=BLOCK_REST, HAS_REST=2 * half < D,
-        num_warps=4,
-    )
-    return q_out, k_out
-
-
-# --------------------------------------------------------------------------------------------------
 # SiLU-and-mul (gated MLP activation)
 # --------------------------------------------------------------------------------------------------
 
@@ -238,61 +142,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     BLOCK = min(triton.next_power_of_2(I), 1024)
     _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(I, BLOCK))](x2, y, x2.stride(0), I, BLOCK=BLOCK, num_warps=4)
     return y
-
-
-# --------------------------------------------------------------------------------------------------
-# KV-cache write
-# --------------------------------------------------------------------------------------------------
-
-@triton.jit
-def _store_kv_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-    H, D, block_size,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    keep = slot >= 0                                      # -1: padding token, write nothing
-    slot = tl.maximum(slot, 0)
-    block, offset = slot // block_size, slot % block_size
-    mask = keep & (heads[:, None] < H) & (d[None, :] < D)
-
-    k = tl.load(k_ptr + t * stride_kt + heads[:, None] * stride_kh + d[None, :], mask=mask)
-    v = tl.load(v_ptr + t * stride_vt + heads[:, None] * stride_vh + d[None, :], mask=mask)
-    tl.store(kc_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + d[None, :], k, mask=mask)
-    tl.store(vc_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + d[None, :], v, mask=mask)
-
-
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Write k, v [T, H, D] into the caches [num_blocks, block_size, H, D] at slot_mapping [T] (in place)."""
-    T, H, D = k.shape
-    assert v.shape == k.shape and k_cache.shape == v_cache.shape, (k.shape, v.shape, k_cache.shape, v_cache.shape)
-    assert k_cache.dim() == 4 and k_cache.shape[2:] == (H, D), (k_cache.shape, H, D)
-    assert k.dtype == v.dtype == k_cache.dtype == v_cache.dtype, (k.dtype, v.dtype, k_cache.dtype, v_cache.dtype)
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "cache head_dim must be contiguous"
-    assert slot_mapping.shape == (T,) and not slot_mapping.is_floating_point()
-    if T == 0:
-        return
-    if k.stride(-1) != 1:
-        k = k.contiguous()
-    if v.stride(-1) != 1:
-        v = v.contiguous()
-    slot_mapping = slot_mapping.contiguous()
-    BLOCK_D = triton.next_power_of_2(D)
-    BLOCK_H = min(triton.next_power_of_2(H), max(1, 4096 // BLOCK_D))
-    _store_kv_kernel[(T, triton.cdiv(H, BLOCK_H))](
-        k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        H, D, k_cache.shape[1],
-        BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4,
-    )
 
 
 # --------------------------------------------------------------------------------------------------

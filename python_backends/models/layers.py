@@ -40,10 +40,6 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos() * scaling, persistent=False)
         self.register_buffer("sin", freqs.sin() * scaling, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, Hq, D], k: [T, Hk, D] -> rotated copies."""
-        return dispatch.rotary(q, k, self.cos, self.sin, positions)
-
 
 def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and attention scaling for any rope type transformers knows."""
