@@ -31,6 +31,7 @@ from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.params import parse_params
 from python_backends.runtime.step import Request, StepContext
 from tests.conftest import ROOT, TINY, running_server
+from tests.test_image_server import generate_together
 from tests.test_image_steps import request as text_to_image_request, run_chain
 from tests.test_openai_proxy import running_proxy
 
@@ -258,8 +259,7 @@ def test_concurrent_edits_share_the_model_steps(server):
                      num_inference_steps=2, seed=2)]
     alone = [edit(server, **r) for r in requests]
     before = executions("denoise")
-    with ThreadPoolExecutor(2) as pool:
-        together = list(pool.map(lambda r: edit(server, **r), requests))
+    together = generate_together(server, MODEL, requests, FIELD_TYPES)    # back to back, one connection
     after = executions("denoise")
     assert (after[0] - before[0], after[1] - before[1]) == (2, 1), "denoise ran the two requests separately"
     for a, t in zip(alone, together):

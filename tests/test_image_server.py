@@ -75,8 +75,9 @@ def generate(server, model: str, **fields) -> list[bytes]:
         client.close()
 
 
-def generate_together(server, model: str, requests: list[dict]) -> list[list[bytes]]:
-    """Send requests back to back (asynchronously) and wait for all of them."""
+def generate_together(server, model: str, requests: list[dict], types: dict | None = None) -> list[list[bytes]]:
+    """Send requests back to back (asynchronously, one connection) and wait for all of them."""
+    types = types or FIELD_TYPES
     client = grpcclient.InferenceServerClient(server.grpc_url)
     results: dict = {}
     done = threading.Semaphore(0)
@@ -86,7 +87,7 @@ def generate_together(server, model: str, requests: list[dict]) -> list[list[byt
         done.release()
 
     try:
-        inputs = [make_inputs(grpcclient, {k: (v, FIELD_TYPES[k]) for k, v in r.items()}) for r in requests]
+        inputs = [make_inputs(grpcclient, {k: (v, types[k]) for k, v in r.items()}) for r in requests]
         for i, inp in enumerate(inputs):
             client.async_infer(model, inp, callback=functools.partial(callback, i), client_timeout=120)
         for _ in requests:
