@@ -9,24 +9,32 @@ of the reference code (baseline), on the released shapes with random weights, in
 orpheus_tts  canopylabs/orpheus-3b-0.1-ft (Llama-3.2-3B talker) + hubertsiuzdak/snac_24khz. baseline: transformers
              LlamaForCausalLM.generate (static cache, a batch of c) + `snac` SNAC.decode of those tokens.
 kokoro_tts   hexgrad/Kokoro-82M. baseline: the `kokoro` package's KModel forward, one utterance per call.
-qwen3_tts    placeholder (NotImplementedError): the ensemble exists, its benchmark mode is to write.
+qwen3_tts    Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice (28-layer talker + 5-layer code predictor, 16 codebooks at
+             12.5 Hz) + its speech tokenizer's decoder. baseline: the `qwen-tts` package's generate_custom_voice
+             (c texts in one call) in its own environment (--package-python; transformers 4.57.3), driven
+             through perf_analyzer_configs/bench_tts_qwen3_package.py.
 inprocess: the ensemble's steps built from ensemble_configs/<model>.yaml with the server's parameters, fed
 as Triton batches them. Modes run in the order server, inprocess, baseline: the server's processes free
 the GPU when they stop; what in-process leaves fits in the 15% gpu_memory_utilization keeps free.
 
 Workload: a fixed 25-word text (Kokoro: its phonemes, below); Orpheus makes exactly --audio-tokens tokens
 (min_tokens = max_tokens, EOS ignored; 616 = 88 SNAC frames = 7.5 s) at the release's temperature 0.6 /
-top_p 0.8; seeds fixed. Weights are written once under --workdir; every mode loads the same files.
+top_p 0.8; Qwen3-TTS exactly --audio-frames frames (100 = 8 s) at the release's sampling (temperature
+0.9, top-k 50, repetition penalty 1.05, the code predictor likewise), voice vivian; seeds fixed. Weights are written once under --workdir; every mode loads the same files.
 TTFA: request sent -> first non-empty PCM chunk received. Baselines do not stream: Orpheus' TTFA is
 generating the tokens of the ensemble's first chunk (2 frames + 3 lookahead) + their SNAC decode;
-Kokoro's is the whole utterance. RTF: latency / audio seconds. Audio s/s: all requests' audio seconds
+Kokoro's is the whole utterance; Qwen3-TTS's is generating and decoding the frames of the ensemble's
+first chunk (3). RTF: latency / audio seconds. Audio s/s: all requests' audio seconds
 / wall time. c requests at once, --repeats rounds per row after a warm-up (c=1, then the largest c).
 
 Wheels beyond torch / transformers / tritonclient / nvidia-pytriton: `snac` (+ einops; any Orpheus mode:
 the codec checkpoint is written by converters/tiny_tts.snac_24khz with it; and the baseline), `kokoro==0.9.4
 --no-deps` + `loguru` (+ attrs; Kokoro baseline only). Not PyAV (`av`): streamed responses are raw PCM
 (media/audio.pcm_bytes); av is imported only to encode files (wav, mp3, ...), never asked for here.
-Not espeak-ng: Kokoro requests carry phonemes.
+Not espeak-ng: Kokoro requests carry phonemes. The qwen3_tts baseline's environment: qwen-tts 0.1.1,
+transformers 4.57.3, accelerate, huggingface_hub<1 (the package's other imports are stubbed, see
+bench_tts_qwen3_package.py); e.g. `pip install --no-deps --target DIR <those wheels>` and
+`--package-python "env PYTHONPATH=DIR python3"`.
 """
 from __future__ import annotations
 
@@ -86,6 +94,19 @@ SHAPES = {"real": {
                     tie_word_embeddings=True,
                     rope_parameters={**LLAMA3_ROPE, "original_max_position_embeddings": 1024}),
     "snac": SNAC_TINY_CONFIG, "kokoro": KOKORO_TINY_CONFIG}}
+# Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice config.json (talker, code predictor) and Qwen3-TTS-Tokenizer-12Hz's
+# decoder_config; everything else (token ids, speakers, rope sections) as converters/tiny_qwen3_tts.py writes it
+QWEN3_TTS_REAL = {
+    "talker": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                   num_key_value_heads=8, head_dim=128, text_hidden_size=2048, text_vocab_size=151936,
+                   rope_scaling={"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default",
+                                 "type": "default"}),
+    "predictor": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
+                      num_key_value_heads=8, head_dim=128, layer_types=["full_attention"] * 5),
+    "decoder": dict(codebook_dim=512, hidden_size=512, head_dim=64, latent_dim=1024, num_attention_heads=16,
+                    num_key_value_heads=16, sliding_window=72, intermediate_size=1024, num_hidden_layers=8,
+                    decoder_dim=1536, vector_quantization_hidden_dimension=512),
+}
 KOKORO_DURATION_BIAS = -2.94   # 50 sigmoids ~0.06: 3 frames (75 ms) a symbol, 9.9 s for TEXT (~150 words/min)
 MODES = ["server", "inprocess", "baseline"]
 
@@ -166,6 +187,63 @@ def write_kokoro(root: Path, shapes: str) -> Path:
     return folder
 
 
+def write_qwen3_tts(root: Path, shapes: str, device: str, dtype) -> Path:
+    """The release layout (config.json, model.safetensors, tokenizer files, speech_tokenizer/) at the
+    real sizes (or the tiny test checkpoint's). The tokenizer is the tiny byte-level one: its ids are a
+    subset of the 151936-row text embedding, and speed does not depend on which ids a text uses."""
+    from safetensors.torch import save_file
+
+    from converters import tiny_qwen3_tts as tq
+    from python_backends.tts.qwen3_tts import Qwen3TTS, Qwen3TTSConfig
+    from python_backends.tts.qwen3_tts_codec import Qwen3TTSCodec
+
+    folder = root / f"{shapes}-qwen3_tts"
+    done = folder / ".complete"
+    if done.exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    if shapes == "tiny":
+        tq.qwen3_tts(folder)
+        done.touch()
+        return folder
+    ids = tq.build_tokenizer(folder)
+    config = tq.model_config(ids, "0b6")
+    config["torch_dtype"] = "bfloat16"
+    config["talker_config"].update(QWEN3_TTS_REAL["talker"])
+    config["talker_config"]["code_predictor_config"].update(QWEN3_TTS_REAL["predictor"])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3TTS(Qwen3TTSConfig.from_dict(config))
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:                     # norms keep their ones
+                    p.normal_(0.0, 0.02)
+    save_file(tq.checkpoint_state(model.to(dtype)), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    del model
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps(tq.GENERATION, indent=2))
+    # the speech tokenizer: the real decoder (float32, as released), the tiny Mimi encoder (never used here)
+    speech = folder / "speech_tokenizer"
+    speech.mkdir(exist_ok=True)
+    codec_config = tq.codec_config()
+    codec_config["decoder_config"] = {**tq.DECODER_CONFIG, **QWEN3_TTS_REAL["decoder"]}
+    codec = Qwen3TTSCodec(codec_config)
+    tq._randomize_codec(codec, 1212)
+    state = tq.checkpoint_state(codec)
+    g = torch.Generator().manual_seed(1213)
+    dim = codec_config["decoder_config"]["codebook_dim"]
+    for part in ("rvq_first", "rvq_rest"):
+        state[f"decoder.quantizer.{part}.input_proj.weight"] = torch.randn(dim // 2, dim, 1, generator=g) / dim ** 0.5
+    state.update(tq.mimi_encoder_state(1214))
+    save_file(state, str(speech / "model.safetensors"), metadata={"format": "pt"})
+    (speech / "config.json").write_text(json.dumps(codec_config, indent=2))
+    (speech / "preprocessor_config.json").write_text(json.dumps(tq.PREPROCESSOR, indent=2))
+    gc.collect()
+    torch.cuda.empty_cache() if device != "cpu" else None
+    done.touch()
+    return folder
+
+
 # --- measuring --------------------------------------------------------------------------------------
 def summarize(model, mode, c, rounds) -> dict:
     """rounds: [(wall_s, [{"ttfa", "latency", "audio_s"} per request])]."""
@@ -183,7 +261,7 @@ def summarize(model, mode, c, rounds) -> dict:
 def sampling(ctx, i: int) -> dict:
     if ctx.name == "kokoro_tts":
         return {"seed": 1000 + i}
-    n = ctx.args.audio_tokens
+    n = ctx.args.audio_frames if ctx.name == "qwen3_tts" else ctx.args.audio_tokens
     return {"seed": 1000 + i, "max_tokens": n, "min_tokens": n, "ignore_eos": True}
 
 
@@ -257,8 +335,8 @@ def speech_request(ctx, i: int) -> Request:
     return Request(tensors, request_id=f"r{i}")
 
 
-def orpheus_inprocess(ctx):
-    """pre -> talker.submit (its engine and delivery threads run on) -> the codec on every queued
+def talker_inprocess(ctx):
+    """(Orpheus, Qwen3-TTS) pre -> talker.submit (its engine and delivery threads run on) -> the codec on every queued
     talker response (up to max_batch_size at a time, as Triton's dynamic batcher) -> post."""
     steps, max_batch = build_steps(ctx)
     inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -382,18 +460,50 @@ def kokoro_baseline(ctx):
     return go, lambda: None
 
 
-def qwen3_tts(ctx):
-    # Qwen3-TTS-12Hz-0.6B: to write. The ensemble is ensemble_configs/qwen3_tts.yaml (model code in
-    # python_backends/tts/qwen3_tts*.py; the release layout is what converters/tiny_qwen3_tts.py writes,
-    # at real sizes). The same three modes; baseline: the `qwen-tts` package (its own environment:
-    # transformers 4.57.3). Issue targets: TTFA p50 <= 50 ms at c=1 and <= 150 ms at
-    # c=16; audio s/s >= 3x qwen-tts's at c=16 (add c=16 to --concurrency).
-    raise NotImplementedError("qwen3_tts: benchmark mode not written yet (see qwen3_tts() in bench_tts.py)")
+def qwen3_tts_baseline(ctx):
+    """The package in its own environment (bench_tts_qwen3_package.py), one round per go(c)."""
+    import shlex
+    import subprocess
+
+    cmd = [*shlex.split(ctx.args.package_python), str(ROOT / "perf_analyzer_configs" / "bench_tts_qwen3_package.py"),
+           str(ctx.folder), "--device", ctx.device, "--dtype", str(ctx.dtype).replace("torch.", ""),
+           "--frames", str(ctx.args.audio_frames), "--first", "3", "--text", TEXT, "--voice", ctx.voice]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+
+    def reply() -> dict:
+        while True:                          # the package prints notices of its own on stdout: skipped
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the qwen-tts baseline process ended (rc {proc.wait()}); its stderr is above")
+            if line.startswith("@@ "):
+                return json.loads(line[3:])
+            print(f"  [qwen-tts] {line.rstrip()}", file=sys.stderr)
+
+    ready = reply()
+    note = (f"qwen3_tts baseline: qwen-tts {ready.get('qwen_tts')} with transformers {ready['transformers']}, "
+            f"torch {ready['torch']}" + (f"; stubbed (never called): {', '.join(ready['stubbed'])}" if ready["stubbed"] else ""))
+    if note not in ctx.args.note:
+        ctx.args.note.append(note)
+    print(note, flush=True)
+
+    def go(c):
+        proc.stdin.write(json.dumps({"c": c, "seed": 1000}) + "\n")
+        proc.stdin.flush()
+        r = reply()
+        return r["wall"], [{"ttfa": r["ttfa"], "latency": r["wall"], "audio_s": a} for a in r["audio_s"]]
+
+    def close():
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+    return go, close
 
 
-MODE_FNS = {("orpheus_tts", "baseline"): orpheus_baseline, ("orpheus_tts", "inprocess"): orpheus_inprocess,
+MODE_FNS = {("orpheus_tts", "baseline"): orpheus_baseline, ("orpheus_tts", "inprocess"): talker_inprocess,
             ("orpheus_tts", "server"): server_mode, ("kokoro_tts", "baseline"): kokoro_baseline,
-            ("kokoro_tts", "inprocess"): kokoro_inprocess, ("kokoro_tts", "server"): server_mode}
+            ("kokoro_tts", "inprocess"): kokoro_inprocess, ("kokoro_tts", "server"): server_mode,
+            ("qwen3_tts", "baseline"): qwen3_tts_baseline, ("qwen3_tts", "inprocess"): talker_inprocess,
+            ("qwen3_tts", "server"): server_mode}
 
 
 # --- results ----------------------------------------------------------------------------------------
@@ -411,6 +521,7 @@ def write_results(rows, path: Path, args, gpu=None, versions=None, date=None, no
     commands = list(dict.fromkeys(r["command"] for r in rows))
     data = {"commands": commands, "date": date or datetime.datetime.now().isoformat(timespec="seconds"), "gpu": gpu,
             "versions": versions, "text": TEXT, "phonemes": PHONEMES, "audio_tokens": args.audio_tokens,
+            "audio_frames": args.audio_frames,
             "notes": list(notes), "results": rows}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False))
@@ -418,7 +529,7 @@ def write_results(rows, path: Path, args, gpu=None, versions=None, date=None, no
              ", ".join(f"{k} {v}" for k, v in versions.items()) + ". Made by (each row names its command in the JSON):",
              "", *[f"    {c}" for c in commands], "",
              f"Random weights in the released shapes. Text: \"{TEXT}\" (Kokoro: its phonemes). Orpheus: "
-             f"{args.audio_tokens} audio tokens per request (EOS ignored). TTFA: request sent -> first PCM chunk "
+             f"{args.audio_tokens} audio tokens per request, Qwen3-TTS {args.audio_frames} frames (EOS ignored). TTFA: request sent -> first PCM chunk "
              "received (baselines: see the script's docstring). RTF: latency / audio seconds. c requests sent "
              "together; p50/p90 over all requests of the repeats.", "",
              "| model | mode | c | requests | audio s | TTFA p50 ms | TTFA p90 ms | RTF p50 | RTF p90 | audio s/s |",
@@ -431,8 +542,8 @@ def write_results(rows, path: Path, args, gpu=None, versions=None, date=None, no
               "baseline's audio s/s" for (m, mode, c), r in by.items()
               if mode != "baseline" and (m, "baseline", c) in by]
     lines += ["", "Throughput against the baseline:", "", *ratios] if ratios else []
-    lines += ["", "Qwen3-TTS-0.6B targets (mode not implemented yet): TTFA p50 <= 50 ms at c=1, <= 150 ms at c=16; "
-              ">= 3x the qwen-tts package's audio s/s at c=16."]
+    lines += ["", "Qwen3-TTS-0.6B targets: TTFA p50 <= 50 ms at c=1, <= 150 ms at c=16; >= 3x the qwen-tts "
+              "package's audio s/s at c=16."]
     lines += ["", "Notes:", "", *[f"- {n}" for n in notes]] if notes else []
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
@@ -441,6 +552,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["orpheus_tts", "kokoro_tts"],
                     choices=["orpheus_tts", "kokoro_tts", "qwen3_tts"])
+    ap.add_argument("--audio-frames", type=int, default=100, help="Qwen3-TTS frames per request (12.5 a second)")
+    ap.add_argument("--package-python", default=str(ROOT / ".venv-qwentts" / "bin" / "python"),
+                    help="the command that runs python in the qwen-tts environment (the qwen3_tts baseline)")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--repeats", type=int, default=3, help="rounds of c requests per row")
@@ -459,13 +573,14 @@ def main() -> int:
             rows.pop((r["model"], r["mode"], r["concurrency"]), None)
             rows[(r["model"], r["mode"], r["concurrency"])] = r
         args.audio_tokens = parts[0]["audio_tokens"]
+        args.audio_frames = next((p["audio_frames"] for p in parts if "audio_frames" in p), args.audio_frames)
         notes = list(dict.fromkeys([n for p in parts for n in p.get("notes", [])] + args.note))
         write_results(list(rows.values()), args.out, args, parts[0]["gpu"], parts[0]["versions"],
                       max(p["date"] for p in parts), notes)
         print(args.out.with_suffix(".md").read_text())
         return 0
     if args.smoke:
-        args.shapes, args.concurrency, args.repeats, args.audio_tokens = "tiny", [1, 2], 1, 7 * 12
+        args.shapes, args.concurrency, args.repeats, args.audio_tokens, args.audio_frames = "tiny", [1, 2], 1, 7 * 12, 12
     cuda = torch.cuda.is_available()
     if not cuda:
         torch.set_num_threads(1)   # a CPU check shares its cores (as bench_image.py)
@@ -473,9 +588,12 @@ def main() -> int:
     root, rows = Path(args.workdir) / "checkpoints", []
     for name in args.models:
         ctx = argparse.Namespace(name=name, args=args, device=device, dtype=dtype, target="gpu" if cuda else "cpu",
-                                 voice="af_heart" if name == "kokoro_tts" else "tara", overrides=[])
+                                 voice={"kokoro_tts": "af_heart", "qwen3_tts": "vivian"}.get(name, "tara"),
+                                 overrides=[])
         if name == "qwen3_tts":
-            qwen3_tts(ctx)
+            ctx.folder = write_qwen3_tts(root, args.shapes, device, dtype)
+            if max(args.concurrency) > (64 if cuda else 8):          # the ensemble's talker max_num_seqs
+                ctx.overrides.append(f"{name}.talker.max_num_seqs={max(args.concurrency)}")
         elif name == "orpheus_tts":
             ctx.folder, ctx.codec = write_orpheus(root, args.shapes, device, dtype)
             ctx.overrides = [f"{name}.codec_checkpoint={ctx.codec}"]
