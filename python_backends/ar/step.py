@@ -36,6 +36,7 @@ CANCEL_CHECK_S = 0.1
 ABORT_MEMORY_S = 60.0
 CANCEL = "cancel"            # outbox message: the front asked to abort this reply
 CANCEL_CHECKS_PER_ROUND = 8
+STREAMS_PER_TOKEN = 8        # stream_interval 0 (auto): one more token per response for every 8 live streams
 
 
 @dataclass
@@ -52,6 +53,11 @@ class ARParams:
     enforce_eager: bool = False
     use_triton_kernels: bool = True
     load_format: str = "auto"          # "dummy": random weights from config.json (benchmarks)
+    # tokens per streamed response: n >= 1 fixed; 0 (auto) 1 while few streams are live, then one more
+    # per STREAMS_PER_TOKEN live streams. Each response costs every later ensemble step a request; at
+    # 32-64 streams responses, not decode steps, capped a server's tokens/s (~3.5k responses/s seen
+    # on an H200 with qwen3_chat), so under load a response carries a few tokens.
+    stream_interval: int = 0
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.max_num_seqs, self.max_model_len, self.max_num_batched_tokens, self.block_size,
@@ -68,7 +74,7 @@ class _Reply:
     prompt_len: int
     seq: Sequence | None = None
     context: list[int] = field(default_factory=list)
-    unsent: list[int] = field(default_factory=list)      # non-streaming: everything, sent at the end
+    unsent: list[int] = field(default_factory=list)      # released, not sent yet (non-streaming: until the end)
     n_released: int = 0
     done: bool = False
     request_id: str = ""
@@ -241,10 +247,18 @@ class ARDecode(Step):
             if reason is not None:
                 self._send(reply, [], reply.unsent, stop_hit, reason)
         elif released or reason is not None:
-            self._send(reply, reply.context, released, stop_hit, reason)
-            reply.context = (reply.context + released)[-CONTEXT_TOKENS:]
+            reply.unsent += released
+            if reason is None and len(reply.unsent) < self.stream_interval():
+                return
+            self._send(reply, reply.context, reply.unsent, stop_hit, reason)
+            reply.context = (reply.context + reply.unsent)[-CONTEXT_TOKENS:]
+            reply.unsent = []
         if reason is not None:
             self._close(reply)
+
+    def stream_interval(self) -> int:
+        n = self.params.stream_interval
+        return n if n > 0 else 1 + len(self.live) // STREAMS_PER_TOKEN
 
     def _send(self, reply: _Reply, context: list[int], new: list[int], stop: str | None, reason: str | None) -> None:
         self.requests_finished += reason is not None

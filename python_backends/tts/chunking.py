@@ -79,9 +79,13 @@ class Window:
 class ChunkedCodec(Step):
     """Base of the stateless codec steps. Each talker response carries every frame its chunks'
     windows need; `windows` cuts them, and windows of the same length from all requests in the batch
-    are decoded together, always `decode_batch` rows per call (short groups padded with a copy of a
-    row): a convolution's rounding can depend on the batch size, and a window must decode to the same
-    bits whichever requests share its batch, or streamed audio would differ from non-streamed audio.
+    are decoded together, `decode_batch` rows per call at most. `pad_rows` "fixed" pads every call to
+    `decode_batch` rows (with copies of a row): a convolution's rounding can depend on the batch size,
+    and so a window decodes to the same bits whichever requests share its batch (streamed audio ==
+    non-streamed audio bit for bit). "pow2" pads only to the next power of two: a lone stream then
+    decodes 1 row instead of 16 (on an H200 the 16-row padding made the codec, not the talker, the
+    bottleneck of a Qwen3-TTS server), and a window's samples may differ in their last bits (~1e-3
+    on a GPU with TF32 convolutions) with the number of requests sharing the call.
     A subclass sets `sample_rate` and `frame_samples` and implements `windows` and `decode_rows`."""
     outputs = AUDIO_CHUNK_OUTPUTS
     sample_rate: int
@@ -91,6 +95,8 @@ class ChunkedCodec(Step):
         super().__init__(ctx)
         if self.params.decode_batch < 1:
             raise ValueError("decode_batch must be >= 1")
+        if self.params.pad_rows not in ("fixed", "pow2"):
+            raise ValueError(f"pad_rows must be 'fixed' or 'pow2', got {self.params.pad_rows!r}")
         self.dtype = torch_dtype(self.params.dtype)
 
     def windows(self, index: int, req: Request) -> list[Window]:
@@ -102,12 +108,13 @@ class ChunkedCodec(Step):
         raise NotImplementedError
 
     def decode(self, group: list[Window]) -> list[np.ndarray]:
-        """Same-length windows -> each one's kept samples, `decode_batch` rows per call."""
+        """Same-length windows -> each one's kept samples, `decode_batch` rows per call at most."""
         n, fs = self.params.decode_batch, self.frame_samples
         out = []
         for i in range(0, len(group), n):
             rows = group[i:i + n]
-            wave = self.decode_rows(rows + [rows[0]] * (n - len(rows)))
+            size = n if self.params.pad_rows == "fixed" else min(n, 1 << (len(rows) - 1).bit_length())
+            wave = self.decode_rows(rows + [rows[0]] * (size - len(rows)))
             out += [wave[r, w.keep[0] * fs:w.keep[1] * fs] for r, w in enumerate(rows)]
         return out
 

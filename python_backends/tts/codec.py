@@ -31,6 +31,7 @@ class OrpheusCodecParams:
     first_chunk_frames: int = 2
     chunk_frames: int = 8
     decode_batch: int = 4           # windows per decoder call (fixed: see ChunkedCodec)
+    pad_rows: str = "fixed"         # "fixed" | "pow2" (see ChunkedCodec)
 
 
 @register("orpheus_codec")

@@ -224,6 +224,7 @@ class Qwen3TTSCodecParams:
     chunk_frames: int = 12
     context_frames: int = 0
     decode_batch: int = 4           # windows per decoder call (fixed, see the module docstring)
+    pad_rows: str = "fixed"         # "fixed" | "pow2" (see ChunkedCodec)
 
 
 @register("qwen3_tts_codec")
