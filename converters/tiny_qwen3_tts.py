@@ -17,9 +17,11 @@
 The weights come from our own modules (python_backends/tts/qwen3_tts*.py) with seeded random values;
 the parity test loads the same folder with the reference classes in a separate environment.
 Variants: `qwen3_tts` (0.6B-like: predictor as wide as the talker, no projection, CustomVoice
-speakers incl. a dialect speaker) and `qwen3_tts_1b7` (1.7B-like: a narrower predictor behind
-`small_to_mtp_projection`). Real sizes stay where the code depends on them: 16 codebooks of 2048,
-talker vocab 3072 with the control/speaker ids above 2048, 1920 samples per frame at 24 kHz.
+speakers incl. a dialect speaker), `qwen3_tts_1b7` (1.7B-like: a narrower predictor behind
+`small_to_mtp_projection`) and `qwen3_tts_base` (0.6B-like Base, for voice cloning: no preset
+speakers, `speaker_encoder.*` in model.safetensors, a random (not degenerate) Mimi encoder with RVQ
+projections and a short attention window). Real sizes stay where the code depends on them: 16 codebooks
+of 2048, talker vocab 3072 with the control/speaker ids above 2048, 1920 samples per frame at 24 kHz.
 """
 from __future__ import annotations
 
@@ -64,6 +66,9 @@ MIMI_CONFIG = {"model_type": "mimi", "sampling_rate": 24000, "frame_rate": 12.5,
                "head_dim": 8, "hidden_act": "gelu", "max_position_embeddings": 8000, "norm_eps": 1e-5,
                "rope_theta": 10000.0, "sliding_window": 250, "layer_scale_initial_scale": 0.01,
                "attention_bias": False}
+# the Base variant's encoder: RVQ in-/output projections (the release has them: 512 -> 256) and a sliding
+# window shorter than the test clips (the reference encoder ignores it: see qwen3_tts_clone.SpeechEncoder)
+BASE_MIMI_CONFIG = {**MIMI_CONFIG, "codebook_dim": 8, "vector_quantization_hidden_dimension": 8, "sliding_window": 16}
 PREPROCESSOR = {"chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor", "feature_size": 1,
                 "overlap": None, "padding_side": "right", "padding_value": 0.0, "return_attention_mask": True,
                 "sampling_rate": 24000}
@@ -140,11 +145,11 @@ def model_config(ids: dict[str, int], variant: str) -> dict:
             "talker_config": talker}
 
 
-def codec_config() -> dict:
+def codec_config(encoder: dict = MIMI_CONFIG) -> dict:
     return {"architectures": ["Qwen3TTSTokenizerV2Model"], "model_type": "qwen3_tts_tokenizer_12hz",
             "encoder_valid_num_quantizers": 16, "input_sample_rate": 24000, "output_sample_rate": 24000,
             "decode_upsample_rate": 1920, "encode_downsample_rate": 1920, "torch_dtype": "float32",
-            "encoder_config": MIMI_CONFIG, "decoder_config": DECODER_CONFIG}
+            "encoder_config": encoder, "decoder_config": DECODER_CONFIG}
 
 
 # --- weights ----------------------------------------------------------------------------------------
@@ -221,14 +226,38 @@ def _randomize_codec(model: torch.nn.Module, seed: int) -> None:
         last.bias.fill_(-float(seen[0].mean() * scale))
 
 
-def mimi_encoder_state(seed: int) -> dict[str, torch.Tensor]:
+def _randomize_mimi(state: dict[str, torch.Tensor], seed: int) -> None:
+    """Values that make the encoder's codes depend on the audio (MimiModel's init has all-zero
+    codebooks: every code 0): fan-in scaled weights, random codebooks and usages, layer scales ~0.3."""
+    g = torch.Generator().manual_seed(seed)
+    for name, t in state.items():
+        r = torch.randn(t.shape, generator=g)
+        if name.endswith("initialized"):
+            continue
+        if name.endswith("cluster_usage"):
+            t.copy_(0.5 + 1.5 * torch.rand(t.shape, generator=g))
+        elif name.endswith("embed_sum"):
+            t.copy_(r)
+        elif name.endswith("_scale.scale"):
+            t.copy_(0.3 + 0.1 * r)
+        elif "norm" in name:
+            t.copy_(1.0 + 0.1 * r if name.endswith("weight") else 0.05 * r)
+        elif name.endswith("bias"):
+            t.copy_(0.05 * r)
+        else:
+            t.copy_(r / (t[0].numel() ** 0.5))
+
+
+def mimi_encoder_state(seed: int, encoder: dict = MIMI_CONFIG, randomize: bool = False) -> dict[str, torch.Tensor]:
     """The speech tokenizer's `encoder.*` (a Mimi model without its decoder) with transformers 4.x
     names, built from this environment's transformers `MimiModel`."""
     from transformers import MimiConfig, MimiModel
 
     torch.manual_seed(seed)
-    config = MimiConfig(**{k: v for k, v in MIMI_CONFIG.items() if k != "model_type"})
+    config = MimiConfig(**{k: v for k, v in encoder.items() if k != "model_type"})
     state = MimiModel(config).state_dict()
+    if randomize:
+        _randomize_mimi(state, seed)
     renames = (("encoder.encoder_seanet.", "encoder."), ("encoder.downsample.", "downsample."),
                ("encoder.encoder_transformer.", "encoder_transformer."))
     out = {}
@@ -243,13 +272,13 @@ def mimi_encoder_state(seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def speech_tokenizer(out: Path, seed: int = 1212) -> None:
+def speech_tokenizer(out: Path, seed: int = 1212, encoder: dict = MIMI_CONFIG, random_encoder: bool = False) -> None:
     from safetensors.torch import save_file
 
     from python_backends.tts.qwen3_tts_codec import Qwen3TTSCodec
 
     out.mkdir(parents=True, exist_ok=True)
-    config = codec_config()
+    config = codec_config(encoder)
     codec = Qwen3TTSCodec(config)
     _randomize_codec(codec, seed)
     state = checkpoint_state(codec)
@@ -258,28 +287,54 @@ def speech_tokenizer(out: Path, seed: int = 1212) -> None:
     for part in ("rvq_first", "rvq_rest"):               # the encode-side projections the release file has
         state[f"decoder.quantizer.{part}.input_proj.weight"] = torch.randn(
             c["codebook_dim"] // 2, c["codebook_dim"], 1, generator=g) / c["codebook_dim"] ** 0.5
-    state.update(mimi_encoder_state(seed + 2))
+    state.update(mimi_encoder_state(seed + 2, encoder, random_encoder))
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
 
 
-def qwen3_tts(out: Path, variant: str = "0b6", seed: int = 31) -> None:
+def speaker_encoder_state(config: dict, seed: int) -> dict[str, torch.Tensor]:
+    """`speaker_encoder.*`: fan-in scaled convs (x2 variance for the ReLUs), the last one scaled so a
+    voiced test signal's x-vector has std 0.5, like the codec embeddings it stands in for."""
+    from python_backends.tts.qwen3_tts_clone import SpeakerEncoder, mel_spectrogram
+
+    enc = SpeakerEncoder(config["speaker_encoder_config"])
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in enc.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            p.copy_(0.05 * r if name.endswith("bias") else r * (2.0 / p[0].numel()) ** 0.5)
+        t = torch.arange(24000) / 24000
+        wave = 0.3 * torch.sin(2 * torch.pi * (150 + 200 * t) * t) + 0.02 * torch.randn(24000, generator=g)
+        x = enc(mel_spectrogram(wave[None]))
+        enc.fc.weight.mul_(0.5 / x.std())
+        enc.fc.bias.zero_()
+    return {f"speaker_encoder.{k}": v.clone().contiguous() for k, v in enc.state_dict().items()}
+
+
+def qwen3_tts(out: Path, variant: str = "0b6", seed: int = 31, base: bool = False) -> None:
     from safetensors.torch import save_file
 
     from python_backends.tts.qwen3_tts import Qwen3TTS, Qwen3TTSConfig
 
     ids = build_tokenizer(out)
     config = model_config(ids, variant)
+    if base:                    # voice cloning instead of preset speakers
+        config["tts_model_type"] = "base"
+        config["talker_config"].update(spk_id={}, spk_is_dialect={})
     model = Qwen3TTS(Qwen3TTSConfig.from_dict(config))
     _randomize(model, seed)
-    save_file(checkpoint_state(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    state = checkpoint_state(model)
+    if base:
+        state.update(speaker_encoder_state(config, seed + 1))
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(GENERATION, indent=2))
-    speech_tokenizer(out / "speech_tokenizer")
+    speech_tokenizer(out / "speech_tokenizer", encoder=BASE_MIMI_CONFIG if base else MIMI_CONFIG, random_encoder=base)
 
 
-BUILDERS: dict = {"qwen3_tts": qwen3_tts, "qwen3_tts_1b7": lambda out: qwen3_tts(out, "1b7", seed=37)}
+BUILDERS: dict = {"qwen3_tts": qwen3_tts, "qwen3_tts_1b7": lambda out: qwen3_tts(out, "1b7", seed=37),
+                  "qwen3_tts_base": lambda out: qwen3_tts(out, seed=41, base=True)}
 
 
 def build(root: str | Path, names: list[str] | None = None) -> dict[str, Path]:

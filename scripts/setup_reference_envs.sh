@@ -6,6 +6,7 @@
 #
 #   bash scripts/setup_reference_envs.sh            # all of them
 #   bash scripts/setup_reference_envs.sh qwen-tts   # .venv-qwentts: qwen-tts 0.1.1 (transformers 4.57.3)
+#   bash scripts/setup_reference_envs.sh omnivoice  # .venv-omnivoice: omnivoice 0.2.1 (transformers 5.24.0)
 #
 # `make test` (and so CI) runs it before the tests: a few minutes the first time, ~1.5 GB.
 set -euo pipefail
@@ -13,9 +14,21 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}        # the CPU build here; a GPU machine may pass its CUDA torch
 
+python_torchaudio() {
+  # torchaudio without --deps; PyPI's wheel is a CUDA build whose .so files do not load on a CPU torch,
+  # so there they are moved aside (torchaudio then imports without its extension: pure Python only)
+  local venv=$1 ta
+  "$venv/bin/python" -m pip install -q --no-deps torchaudio==2.11.1
+  if ! "$venv/bin/python" -c "import torchaudio" >/dev/null 2>&1; then
+    ta=$("$venv/bin/python" -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('torchaudio').origin))")
+    mkdir -p "$venv/torchaudio-so-disabled"
+    find "$ta" -name '*.so' -exec mv {} "$venv/torchaudio-so-disabled/" \;
+  fi
+}
+
 qwen_tts() {
   local venv=.venv-qwentts
-  local stamp="$venv/.installed-$( (declare -f qwen_tts; echo "$TORCH_SPEC") | sha1sum | cut -c1-12)"
+  local stamp="$venv/.installed-$( (declare -f qwen_tts python_torchaudio; echo "$TORCH_SPEC") | sha1sum | cut -c1-12)"
   [ -f "$stamp" ] && return 0
   echo "[reference] building $venv (qwen-tts 0.1.1, transformers 4.57.3)"
   rm -rf "$venv"
@@ -28,23 +41,43 @@ qwen_tts() {
   $pip --no-deps qwen-tts==0.1.1
   $pip transformers==4.57.3 accelerate==1.12.0 "numpy<2.4" librosa soundfile sox onnxruntime einops
   # torchaudio: only its pure-Python part is imported (qwen_tts.core imports torchaudio.compliance.kaldi
-  # for the 25 Hz tokenizer); PyPI's wheel is a CUDA build whose .so files do not load on a CPU torch,
-  # so they are moved aside there (torchaudio then imports without its extension)
-  $pip --no-deps torchaudio==2.11.1
-  if ! "$venv/bin/python" -c "import torchaudio" >/dev/null 2>&1; then
-    local ta
-    ta=$("$venv/bin/python" -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('torchaudio').origin))")
-    mkdir -p "$venv/torchaudio-so-disabled"
-    find "$ta" -name '*.so' -exec mv {} "$venv/torchaudio-so-disabled/" \;
-  fi
+  # for the 25 Hz tokenizer)
+  python_torchaudio "$venv"
   "$venv/bin/python" -c "import qwen_tts, transformers; assert transformers.__version__ == '4.57.3'" >/dev/null 2>&1 \
     || { echo "[reference] $venv: qwen_tts does not import" >&2; exit 1; }
   touch "$stamp"
 }
 
-for name in "${@:-qwen-tts}"; do
+omnivoice() {
+  # omnivoice's pins (transformers>=5.3) do not clash with .venv; it lives apart all the same because it
+  # imports torchaudio, pydub and soundfile at import time, which the product does not need
+  local venv=.venv-omnivoice
+  local stamp="$venv/.installed-$( (declare -f omnivoice python_torchaudio; echo "$TORCH_SPEC") | sha1sum | cut -c1-12)"
+  [ -f "$stamp" ] && return 0
+  echo "[reference] building $venv (omnivoice 0.2.1, transformers 5.24.0)"
+  rm -rf "$venv"
+  "$PY" -m venv "$venv"
+  echo '*' > "$venv/.gitignore"
+  local pip="$venv/bin/python -m pip install -q"
+  $pip --upgrade pip
+  $pip "$TORCH_SPEC"
+  # without its dependency list (gradio, tensorboardx, webdataset: demo and training only), then what
+  # the model and its audio utilities import
+  $pip --no-deps omnivoice==0.2.1
+  $pip transformers==5.24.0 accelerate==1.12.0 "numpy<2.4" soundfile pydub
+  # torchaudio: only functional.resample (pure Python) is used
+  python_torchaudio "$venv"
+  "$venv/bin/python" -c "import omnivoice, transformers; assert transformers.__version__ == '5.24.0'" >/dev/null 2>&1 \
+    || { echo "[reference] $venv: omnivoice does not import" >&2; exit 1; }
+  touch "$stamp"
+}
+
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(qwen-tts omnivoice)
+for name in "${names[@]}"; do
   case "$name" in
     qwen-tts) qwen_tts ;;
-    *) echo "unknown reference environment: $name (known: qwen-tts)" >&2; exit 2 ;;
+    omnivoice) omnivoice ;;
+    *) echo "unknown reference environment: $name (known: qwen-tts, omnivoice)" >&2; exit 2 ;;
   esac
 done

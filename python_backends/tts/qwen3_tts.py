@@ -249,7 +249,8 @@ class TalkerPrompt:
 
 class Qwen3TTS(nn.Module):
     """The release checkpoint's `talker.*` (its `speaker_encoder.*`, Base models only, is skipped:
-    preset speakers are codec-embedding rows; a cloned voice's x-vector can be passed in directly)."""
+    preset speakers are codec-embedding rows; a cloned voice's x-vector and reference codes come from
+    python_backends/tts/qwen3_tts_clone.py and are passed to `build_prompt`)."""
 
     packed = PACKED
     skip_prefixes = ("speaker_encoder.",)
@@ -412,13 +413,18 @@ class Qwen3TTS(nn.Module):
     @torch.no_grad()
     def build_prompt(self, input_ids: list[int] | torch.Tensor, language: str = "auto", speaker: str | None = None,
                      instruct_ids: list[int] | torch.Tensor | None = None, non_streaming_mode: bool = False,
-                     speaker_embed: torch.Tensor | None = None) -> TalkerPrompt:
+                     speaker_embed: torch.Tensor | None = None, ref_codes: torch.Tensor | None = None,
+                     ref_ids: list[int] | torch.Tensor | None = None) -> TalkerPrompt:
         """The reference's layout. `input_ids`: the tokens of
         f"<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n" (3 role tokens, the text,
         5 closing tokens); `instruct_ids`: of f"<|im_start|>user\\n{instruct}<|im_end|>\\n" (VoiceDesign,
         1.7B CustomVoice); `speaker`: a preset speaker (CustomVoice) or `speaker_embed` [H] (a voice
         clone's x-vector). Codec side: [think, think_bos, lang, think_eos] (or [nothink, think_bos,
-        think_eos] for auto), speaker, pad, bos; text side: P(role), tts_pad..., tts_bos, text."""
+        think_eos] for auto), speaker, pad, bos; text side: P(role), tts_pad..., tts_bos, text.
+        Voice clone "ICL" mode: `ref_codes` [F, N] (the reference clip's frames) and `ref_ids` (the tokens
+        of f"<|im_start|>assistant\\n{ref_text}<|im_end|>\\n": 3 role tokens, the transcript, 2 closing):
+        after the codec pad, [bos, reference frames] on the codec side and the transcript then the text
+        on the text side, so the talker continues the reference's speech."""
         c = self.config
         dev = self.talker.codec_head.weight.device
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=dev).reshape(-1)
@@ -441,7 +447,20 @@ class Qwen3TTS(nn.Module):
         if instruct_ids is not None and len(instruct_ids):
             parts.append(P(torch.as_tensor(instruct_ids, dtype=torch.long, device=dev).reshape(-1)))
         parts += [P(ids[:3]), text_side + codec[:-1]]
-        if non_streaming_mode:          # the whole text first (over codec pads), then bos; decode adds pad
+        if ref_codes is not None:       # ICL: text = transcript + text + eos over codec = bos + reference frames
+            ref = torch.as_tensor(ref_ids, dtype=torch.long, device=dev).reshape(-1)
+            text = torch.cat([P(torch.cat([ref[3:-2], ids[3:-5]])), tts_eos[None]])
+            frames = torch.cat([codec[-1:], self.embed_frame(torch.as_tensor(ref_codes, device=dev).long())])
+            if non_streaming_mode:
+                parts += [text + E(torch.full((text.shape[0],), c.codec_pad_id, device=dev)), frames + tts_pad]
+                trailing = tts_pad[None]
+            elif text.shape[0] > frames.shape[0]:     # the text outlasts the reference: the rest streams
+                parts.append(text[:frames.shape[0]] + frames)
+                trailing = text[frames.shape[0]:]
+            else:
+                parts.append(torch.cat([text, tts_pad.expand(frames.shape[0] - text.shape[0], -1)]) + frames)
+                trailing = tts_pad[None]
+        elif non_streaming_mode:          # the whole text first (over codec pads), then bos; decode adds pad
             text = torch.cat([P(ids[3:-5]), tts_eos[None]])
             parts += [text + E(torch.full((text.shape[0],), c.codec_pad_id, device=dev)), (tts_pad + codec[-1])[None]]
             trailing = tts_pad[None]
@@ -457,6 +476,11 @@ def assistant_text(text: str) -> str:
 
 def instruct_text(instruct: str) -> str:
     return f"<|im_start|>user\n{instruct}<|im_end|>\n"
+
+
+def reference_text(transcript: str) -> str:
+    """What `ref_ids` tokenize: a voice clone reference clip's transcript."""
+    return f"<|im_start|>assistant\n{transcript}<|im_end|>\n"
 
 
 # --- the reference's logits processors for codebook 0 --------------------------------------------

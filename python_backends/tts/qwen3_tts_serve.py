@@ -4,6 +4,11 @@
                      (the request's `voice`: one of the checkpoint's preset speakers), sampling (the
                      release's defaults; the seed drawn here when absent, so a seeded request gets the
                      same audio streamed or not), `speech`. Bad requests fail here, naming the field.
+                     A Base checkpoint clones the voice of `reference_audio` instead (no preset voices):
+                     its x-vector, and with `reference_text` its codes and the transcript's tokens ("ICL"),
+                     from the encoders of python_backends/tts/qwen3_tts_clone.py, run here on the CPU:
+                     they are small and run once per request, and a bad clip fails only its request, in
+                     the step that validates requests, with no extra step between pre and talker.
 `qwen3_tts_talker`   `talker_frames` (the AR engine, frames of N codes) with a sink that shapes its
                      stream for a stateless codec, as the Orpheus talker does: a response goes out only
                      when a chunk can be played (`ChunkPlan.ready_end` grows) or at the end, and it
@@ -24,8 +29,11 @@ streamed PCM equals the non-streamed PCM bit for bit. A smaller `context_frames`
 against the whole-utterance decode for cheaper windows (the reference's chunked_decode uses 25); the
 streamed == non-streamed equality holds for any value.
 
-Not here: voice cloning (Base checkpoints: reference_audio -> x-vector / ICL codes), instructions
-(VoiceDesign / 1.7B CustomVoice instruct), a language choice (the talker's `auto`).
+ICL voice clones: the reference package decodes the clip's codes followed by the new frames and cuts the
+clip's audio off; the talker sends the clip's last `left` frames as the first chunks' left context
+(frames before 0), so those chunks decode as the package decodes them.
+
+Not here: instructions (VoiceDesign / 1.7B CustomVoice instruct), a language choice (the talker's `auto`).
 """
 from __future__ import annotations
 
@@ -42,14 +50,15 @@ from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from python_backends.text.tokenizer import load_tokenizer
 from python_backends.tts.chunking import ChunkedCodec, ChunkPlan, Window
-from python_backends.tts.qwen3_tts import assistant_text
+from python_backends.tts.qwen3_tts import assistant_text, reference_text
 from python_backends.tts.qwen3_tts_codec import CodecDecoder, load_codec, read_codec_config
 from python_backends.tts.qwen3_tts_steps import (REFERENCE_REPETITION_PENALTY, REFERENCE_SAMPLING, TalkerFrames,
                                                  TalkerFramesParams)
-from python_backends.tts.request import SPEECH, SPEECH_INPUTS, Speech, parse_speech, reject_reference
+from python_backends.tts.request import SPEECH, SPEECH_INPUTS, Speech, parse_reference, parse_speech, reject_reference
 
 MIN_AUDIO_FRAMES = 12           # a prompt must leave room for about a second of audio
 ROLE_TOKENS, CLOSING_TOKENS = 3, 5
+MIN_REFERENCE_SECONDS = 0.5     # a voice clone's reference clip: shorter says little about the voice
 
 
 def speech_folder(ctx: StepContext, codec_checkpoint: str, checkpoint: str):
@@ -76,6 +85,7 @@ class Qwen3TTSPreParams:
     default_voice: str = "vivian"       # a preset speaker of the CustomVoice releases (and the tiny one)
     max_text_chars: int = 4000
     max_tokens: int = 2048              # frames when the request sets none (~164 s at 12.5 Hz)
+    max_reference_seconds: float = 30.0     # Base: the longest reference_audio taken
 
 
 @register("qwen3_tts_pre")
@@ -86,18 +96,29 @@ class Qwen3TTSPre(Step):
         TensorSpec("speaker", "TYPE_STRING", (1,)),
         TensorSpec("sampling", "TYPE_STRING", (1,)),
         SPEECH,
+        # a Base checkpoint's cloned voice (empty otherwise): x-vector [H]; with reference_text, the
+        # reference's frames [F * N] and the tokens of reference_text(transcript)
+        TensorSpec("speaker_embed", "TYPE_FP32", (-1,)),
+        TensorSpec("ref_codes", "TYPE_INT32", (-1,)),
+        TensorSpec("ref_ids", "TYPE_INT32", (-1,)),
     )
     Params = Qwen3TTSPreParams
 
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
         folder = ctx.checkpoint(self.params.checkpoint)
-        self.config = json.loads((folder / "config.json").read_text())["talker_config"]
+        raw = json.loads((folder / "config.json").read_text())
+        self.config = raw["talker_config"]
         self.voices = sorted((self.config.get("spk_id") or {}).keys())
-        if not self.voices:
-            raise ValueError(f"{folder} has no preset speakers (talker_config.spk_id): only CustomVoice "
-                             "checkpoints are served (no voice cloning / voice design yet)")
-        if self.params.default_voice.lower() not in self.voices:
+        self.cloner = None
+        if raw.get("tts_model_type") == "base":
+            from python_backends.tts.qwen3_tts_clone import VoiceCloner
+
+            self.cloner, self.voices = VoiceCloner(folder), []
+        elif not self.voices:
+            raise ValueError(f"{folder} has no preset speakers (talker_config.spk_id): only CustomVoice and Base "
+                             "checkpoints are served (no voice design yet)")
+        elif self.params.default_voice.lower() not in self.voices:
             raise ValueError(f"default_voice {self.params.default_voice!r} is not among {self.voices}")
         self.tokenizer = load_tokenizer(folder)
         self.text_vocab = self.config["text_vocab_size"]
@@ -126,13 +147,38 @@ class Qwen3TTSPre(Step):
         params = params.resolve(prompt_len, p.max_model_len, self.text_vocab)
         return {**params.to_dict(), "repetition_penalty": float(penalty)}
 
+    def clone(self, req: Request) -> dict:
+        """A Base checkpoint's voice from the request (empty tensors for a CustomVoice one)."""
+        empty = {"speaker_embed": np.zeros(0, np.float32), "ref_codes": np.zeros(0, np.int32),
+                 "ref_ids": np.zeros(0, np.int32)}
+        if self.cloner is None:
+            reject_reference(req, self.voices)
+            return empty
+        p = self.params
+        wave, transcript = parse_reference(req, self.cloner.rate, MIN_REFERENCE_SECONDS, p.max_reference_seconds)
+        if len(transcript) > p.max_text_chars:
+            raise InvalidInput("reference_text", f"is too long: {len(transcript)} characters; at most {p.max_text_chars}")
+        out = {**empty, "speaker_embed": self.cloner.x_vector(wave).float().numpy()}
+        if transcript:                  # ICL: the talker continues the reference
+            out["ref_codes"] = self.cloner.codes(wave).numpy().astype(np.int32).reshape(-1)
+            out["ref_ids"] = np.asarray(self.tokenizer(reference_text(transcript))["input_ids"], dtype=np.int32)
+        return out
+
     def one(self, req: Request) -> dict:
         p = self.params
-        speech = parse_speech(req, self.voices, p.default_voice.lower(), p.max_text_chars)
-        reject_reference(req, self.voices)
+        default = p.default_voice.lower() if self.voices else ""
+        speech = parse_speech(req, self.voices, default, p.max_text_chars)
+        clone = self.clone(req)
         ids = self.tokenizer(assistant_text(speech.text))["input_ids"]
         text_len = len(ids) - ROLE_TOKENS - CLOSING_TOKENS
         prompt_len = self.prompt_len(speech.voice)
+        frames = clone["ref_codes"].size // self.config["num_code_groups"]
+        if frames:                      # ICL: [bos, reference frames] under transcript + text + eos; the rest streams
+            prompt_len += frames
+            text_len = max(0, len(clone["ref_ids"]) - ROLE_TOKENS - 2 + text_len + 1 - (1 + frames))
+            if prompt_len + MIN_AUDIO_FRAMES > p.max_model_len:
+                raise InvalidInput("reference_audio", f"is too long: its {frames} frames leave no room in the "
+                                                      f"context ({p.max_model_len} frames)")
         fits = p.max_model_len - prompt_len - MIN_AUDIO_FRAMES
         if text_len > fits:
             raise InvalidInput("text", f"is too long: {text_len} tokens; at most {fits} fit (the context holds "
@@ -141,7 +187,7 @@ class Qwen3TTSPre(Step):
         return {"input_ids": np.asarray(ids, dtype=np.int32),
                 "speaker": string_array(speech.voice),
                 "sampling": string_array(json.dumps(sampling)),
-                "speech": Speech(sampling["seed"], speech.response_format, speech.stream).tensor()}
+                "speech": Speech(sampling["seed"], speech.response_format, speech.stream).tensor(), **clone}
 
 
 # --- talker -----------------------------------------------------------------------------------------
@@ -156,10 +202,14 @@ class Qwen3TTSTalkerParams(TalkerFramesParams):
 class FrameChunkSink(ResponseSink):
     """One request's sink: talker_frames' responses -> codec-ready ones (frames flattened)."""
 
-    def __init__(self, inner: ResponseSink, plan: ChunkPlan, streaming: bool, num_codes: int):
+    def __init__(self, inner: ResponseSink, plan: ChunkPlan, streaming: bool, num_codes: int, reference=None):
         self.inner, self.plan, self.streaming, self.n = inner, plan, streaming, num_codes
         self.frames: list[np.ndarray] = []     # every frame released so far, [N] each
         self.sent = 0                          # how many of them went out
+        # an ICL voice clone's reference frames, the last `left` of them: frames -len(ref)..-1
+        ref = np.zeros(0) if reference is None else reference.cpu().numpy() if hasattr(reference, "cpu") else reference
+        ref = np.asarray(ref, np.int32).reshape(-1, num_codes)
+        self.ref = list(ref[len(ref) - min(len(ref), plan.left):])
 
     def send(self, outputs: dict[str, Any], final: bool = False) -> None:
         if "codes" not in outputs:             # an abort's empty acknowledgement
@@ -169,8 +219,10 @@ class FrameChunkSink(ResponseSink):
         total = len(self.frames)
         if not final and self.plan.ready_end(total) <= self.plan.ready_end(self.sent):
             return                             # nothing new to play yet
-        start = self.plan.context_start(self.sent) if self.streaming else 0
-        codes = np.stack(self.frames[start:]) if total > start else np.zeros((0, self.n), np.int32)
+        lo = -len(self.ref)                    # context_start, reaching into the reference
+        start = max(lo, self.plan.ready_end(self.sent) - self.plan.left) if self.streaming else lo
+        known = self.ref + self.frames
+        codes = np.stack(known[start - lo:]) if total > start else np.zeros((0, self.n), np.int32)
         self.inner.send({
             "codes": codes.reshape(-1),
             "num_context": np.asarray([self.sent - start], dtype=np.int32),
@@ -210,7 +262,8 @@ class Qwen3TTSTalker(TalkerFrames):
     def submit(self, request: Request, sink: ResponseSink) -> None:
         if self.handle_abort(request, sink):
             return
-        sink = FrameChunkSink(sink, self.plan, bool(request.scalar("stream", False)), self.model.num_codes)
+        sink = FrameChunkSink(sink, self.plan, bool(request.scalar("stream", False)), self.model.num_codes,
+                              request.get("ref_codes"))
         super().submit(request, sink)
 
 
@@ -261,6 +314,8 @@ class Qwen3TTSCodecStep(ChunkedCodec):
         out = []
         for order, chunk in enumerate(self.plan.chunks(before, total, final=bool(reason))):
             start, end = self.plan.window(chunk, total)
+            if first < 0:                       # reference frames before frame 0 (ICL): context like any other
+                start = max(chunk[0] - self.plan.left, first)
             if start < first:
                 raise RuntimeError(f"the talker sent context from frame {first}, the window needs {start}: "
                                    "talker and codec disagree on the chunk plan")

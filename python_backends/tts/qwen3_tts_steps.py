@@ -46,6 +46,11 @@ class TalkerFrames(ARDecode):
         TensorSpec("language", "TYPE_STRING", (1,), optional=True),
         TensorSpec("speaker", "TYPE_STRING", (1,), optional=True),
         TensorSpec("non_streaming", "TYPE_BOOL", (1,), optional=True),   # the whole text in the prompt
+        # a cloned voice (Base; python_backends/tts/qwen3_tts_clone.py), empty or absent for none: its
+        # x-vector [H]; for ICL the reference's frames [F * N] and the tokens of reference_text(transcript)
+        TensorSpec("speaker_embed", "TYPE_FP32", (-1,), optional=True),
+        TensorSpec("ref_codes", "TYPE_INT32", (-1,), optional=True),
+        TensorSpec("ref_ids", "TYPE_INT32", (-1,), optional=True),
         TensorSpec("sampling", "TYPE_STRING", (1,), optional=True),
         TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
         TensorSpec("speech", "TYPE_STRING", (1,), optional=True),
@@ -89,11 +94,12 @@ class TalkerFrames(ARDecode):
         if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or penalty <= 0:
             raise InvalidInput(f"{FIELD}.repetition_penalty", f"must be a number > 0, got {penalty!r}")
         params = SamplingParams.from_dict({**REFERENCE_SAMPLING, **raw})
+        clone = self._clone(request)
         try:
             with torch.inference_mode():
                 prompt = model.build_prompt(ids, request.string("language") or "auto", request.string("speaker"),
                                             self._ids(request, "instruct_ids"),
-                                            bool(request.scalar("non_streaming", False)))
+                                            bool(request.scalar("non_streaming", False)), **clone)
         except ValueError as exc:           # an unknown language or speaker (the message names it)
             raise InvalidInput("language" if str(exc).startswith("language") else "speaker", str(exc)) from None
         prompt.repetition_penalty = float(penalty)
@@ -101,6 +107,29 @@ class TalkerFrames(ARDecode):
         reply = _FrameReply(sink, None, bool(request.scalar("stream", False)), len(prompt),
                             speech=speech.reshape(1) if speech is not None else Speech(seed=0).tensor())
         self.start(request, reply, prompt, params)
+
+    def _clone(self, request: Request) -> dict:
+        """build_prompt's voice-clone arguments from the request (none when the tensors are empty)."""
+        model, out = self.model, {}
+        w = model.talker.codec_head.weight
+        x, codes = (request.get(name) for name in ("speaker_embed", "ref_codes"))   # numpy (CPU input) or torch
+        x = torch.as_tensor(x).reshape(-1) if x is not None else torch.zeros(0)
+        codes = torch.as_tensor(codes).reshape(-1).long() if codes is not None else torch.zeros(0, dtype=torch.long)
+        if x.numel():
+            if x.numel() != w.shape[1]:
+                raise InvalidInput("speaker_embed", f"expected {w.shape[1]} values, got {x.numel()}")
+            out["speaker_embed"] = x.to(w.device, w.dtype)
+        if codes.numel():
+            codes = codes.to(w.device)
+            if codes.numel() % model.num_codes or ((codes < 0) | (codes >= model.codebook_size)).any():
+                raise InvalidInput("ref_codes", f"expected frames of {model.num_codes} codes in "
+                                                f"[0, {model.codebook_size})")
+            ref_ids = self._ids(request, "ref_ids")
+            if ref_ids is None or len(ref_ids) < 6:
+                raise InvalidInput("ref_ids", "expected the tokens of reference_text(transcript): 3 role tokens, "
+                                              "the transcript, 2 closing tokens")
+            out.update(ref_codes=codes.reshape(-1, model.num_codes), ref_ids=ref_ids)
+        return out
 
     def _ids(self, request: Request, name: str) -> list[int] | None:
         ids = request.get(name)

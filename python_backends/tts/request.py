@@ -66,14 +66,18 @@ class SpeechInput:
 
 def parse_speech(req: Request, voices: list[str], default_voice: str, max_text_chars: int,
                  speeds: tuple[float, float] = (1.0, 1.0)) -> SpeechInput:
-    """The common speech inputs, checked. `speeds`: the range this model can speak at."""
+    """The common speech inputs, checked. `speeds`: the range this model can speak at. No `voices`: a
+    model that only clones voices (`voice` must then be left out; the returned voice is "")."""
     text = req.string("text")
     if text is None or not text.strip():
         raise InvalidInput("text", "is empty")
     if len(text) > max_text_chars:
         raise InvalidInput("text", f"is too long: {len(text)} characters; at most {max_text_chars}")
     voice = (req.string("voice") or "").strip() or default_voice
-    if voice not in voices:
+    if not voices and voice:
+        raise InvalidInput("voice", f"this model has no preset voices (got {voice!r}); it clones the voice of "
+                                    "reference_audio")
+    if voices and voice not in voices:
         raise InvalidInput("voice", f"unknown voice {voice!r}; known: {', '.join(voices)}")
     fmt = (req.string("response_format") or "").strip().lower() or DEFAULT_FORMAT
     if fmt not in RESPONSE_FORMATS:
@@ -85,6 +89,30 @@ def parse_speech(req: Request, voices: list[str], default_voice: str, max_text_c
         raise InvalidInput("speed", f"this model speaks at {speeds[0]}" if speeds[0] == speeds[1]
                            else f"this model speaks at speeds in [{speeds[0]}, {speeds[1]}]")
     return SpeechInput(text, voice, fmt, bool(req.scalar("stream", False)), speed)
+
+
+def parse_reference(req: Request, rate: int, min_seconds: float, max_seconds: float) -> tuple[np.ndarray, str]:
+    """A voice-cloning model's reference: `reference_audio` (the bytes of an audio file PyAV reads: WAV,
+    FLAC, MP3, ...) as a mono float waveform at `rate`, and `reference_text` (its transcript; "" if none)."""
+    from python_backends.media.audio import decode
+
+    value = req.get("reference_audio")
+    data = value.reshape(-1)[0] if value is not None and value.size else b""
+    data = data.encode() if isinstance(data, str) else bytes(data or b"")
+    if not data:
+        raise InvalidInput("reference_audio", "is required: this model clones the voice of a reference clip")
+    try:
+        wave, _ = decode(data, rate)
+    except ValueError as exc:
+        raise InvalidInput("reference_audio", str(exc)) from None
+    seconds = wave.size / rate
+    if seconds < min_seconds:
+        raise InvalidInput("reference_audio", f"is too short: {seconds:.2f} s; at least {min_seconds} s")
+    if seconds > max_seconds:
+        raise InvalidInput("reference_audio", f"is too long: {seconds:.1f} s; at most {max_seconds} s")
+    if not np.isfinite(wave).all():
+        raise InvalidInput("reference_audio", "has samples that are not finite numbers")
+    return wave, (req.string("reference_text") or "").strip()
 
 
 def reject_reference(req: Request, voices: list[str]) -> None:

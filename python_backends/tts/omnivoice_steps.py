@@ -1,0 +1,208 @@
+"""OmniVoice's steps (ensemble_configs/omnivoice_tts.yaml): pre -> generate -> codec -> speech_chunks ->
+speech_post (python_backends/tts/omnivoice.py has the model and how it generates).
+
+`omnivoice_pre`       speech inputs -> prompt token ids, the number of frames to generate (the release's
+                      duration estimate, divided by `speed`), the sampling temperature and `speech`
+                      (seed drawn here when absent). `voice` is `auto` (the model picks a voice) or a
+                      voice design: attributes such as "female, low pitch, british accent" (the release's
+                      `instruct`). Bad requests fail here, naming the field.
+`omnivoice_generate`  every request of the batch in one masked-decoding loop (N steps, each one forward of
+                      all requests' conditional and unconditional rows); a request's random draws come
+                      from its own seeded generator and its attention stays within its own rows, so its
+                      codes are the same alone or batched.
+`omnivoice_codec`     codes -> 24 kHz waveform (the HiggsAudioV2 tokenizer's decoder), the release's
+                      post-processing (silence removal, loudness, fade, padding). Requests of a batch
+                      are decoded one by one: the decoder's convolutions round differently in a batch
+                      (~1e-4 of full scale) and padding changes a shorter request's last ~0.4 s, so
+                      batching would move a request's samples.
+
+Not autoregressive: the audio exists whole after the codec, so streaming is `speech_chunks` cutting it
+(streamed chunks concatenate to the non-streamed audio).
+Not served: voice cloning (reference audio), a language choice (the release's language-agnostic mode
+is used), texts longer than one pass (the release generates those in chunks).
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.params import torch_dtype
+from python_backends.runtime.spec import TensorSpec
+from python_backends.runtime.step import Request, Step, StepContext, register
+from python_backends.text.tokenizer import load_tokenizer
+from python_backends.tts.omnivoice import (Codec, Job, OmniVoiceModel, Settings, codec_sizes, estimate_frames,
+                                           finish, generate, prompt_ids, voice_design)
+from python_backends.tts.request import SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, parse_speech, reject_reference
+
+AUTO = "auto"
+VOICES_HINT = [AUTO, "or attributes such as 'female, low pitch, british accent'"]
+
+
+@dataclass
+class OmniVoicePreParams:
+    checkpoint: str = ""
+    default_voice: str = AUTO
+    max_text_chars: int = 4096
+    max_seconds: float = 30.0          # the release generates longer texts in chunks, which is not served
+
+
+@register("omnivoice_pre")
+class OmniVoicePre(Step):
+    inputs = SPEECH_INPUTS
+    outputs = (
+        TensorSpec("prompt_ids", "TYPE_INT32", (-1,)),
+        TensorSpec("frames", "TYPE_INT32", (1,)),
+        TensorSpec("temperature", "TYPE_FP32", (1,)),
+        SPEECH,
+    )
+    Params = OmniVoicePreParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        folder = ctx.checkpoint(self.params.checkpoint)
+        self.tokenizer = load_tokenizer(folder)
+        self.frame_rate = codec_sizes(json.loads((folder / "audio_tokenizer" / "config.json").read_text())).frame_rate
+        self.max_frames = int(self.params.max_seconds * self.frame_rate)
+        if self.params.default_voice.lower() != AUTO:
+            voice_design(self.params.default_voice, "")        # a bad default fails at load time
+
+    def sampling(self, req: Request) -> tuple[int, float]:
+        raw = req.json("sampling_parameters") or {}
+        if not isinstance(raw, dict):
+            raise InvalidInput("sampling_parameters", "expected a JSON object")
+        for key in raw:
+            if key not in ("seed", "temperature"):
+                raise InvalidInput(f"sampling_parameters.{key}", "does not apply to OmniVoice; seed and temperature "
+                                                                  "are read")
+        seed, temperature = raw.get("seed"), raw.get("temperature", 0.0)
+        if seed is None:
+            seed = random.randrange(2 ** 31)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise InvalidInput("sampling_parameters.seed", f"expected an integer >= 0, got {seed!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 10:
+            raise InvalidInput("sampling_parameters.temperature", f"expected a number in [0, 10], got {temperature!r}")
+        return seed, float(temperature)
+
+    def one(self, req: Request) -> dict:
+        p = self.params
+        voice = (req.string("voice") or "").strip() or p.default_voice
+        speech = parse_speech(req, [voice], voice, p.max_text_chars, SPEED_RANGE)
+        reject_reference(req, VOICES_HINT)
+        instruct = None
+        if voice.lower() != AUTO:
+            try:
+                instruct = voice_design(voice, speech.text)
+            except ValueError as exc:
+                raise InvalidInput("voice", str(exc)) from None
+        seed, temperature = self.sampling(req)
+        frames = estimate_frames(speech.text, speed=speech.speed)
+        if frames > self.max_frames:
+            raise InvalidInput("text", f"is too long for one utterance: about {frames / self.frame_rate:.0f} s of "
+                                       f"speech; at most {p.max_seconds:g} s")
+        ids = prompt_ids(self.tokenizer, speech.text, instruct)
+        return {"prompt_ids": np.asarray(ids, dtype=np.int32), "frames": np.asarray([frames], dtype=np.int32),
+                "temperature": np.asarray([temperature], dtype=np.float32),
+                "speech": Speech(seed, speech.response_format, speech.stream).tensor()}
+
+
+@dataclass
+class OmniVoiceGenerateParams:
+    checkpoint: str = ""
+    dtype: str = "float32"
+    num_step: int = 32                 # the release's decoding defaults (OmniVoiceGenerationConfig)
+    guidance_scale: float = 2.0
+    t_shift: float = 0.1
+    layer_penalty_factor: float = 5.0
+    position_temperature: float = 5.0
+
+
+def as_numpy(value) -> np.ndarray:
+    """A GPU step may be handed torch tensors."""
+    return value.cpu().numpy() if hasattr(value, "cpu") else np.asarray(value)
+
+
+@register("omnivoice_generate")
+class OmniVoiceGenerate(Step):
+    inputs = (
+        TensorSpec("prompt_ids", "TYPE_INT32", (-1,), ragged=True),
+        TensorSpec("frames", "TYPE_INT32", (1,)),
+        TensorSpec("temperature", "TYPE_FP32", (1,)),
+        SPEECH,
+    )
+    outputs = (
+        TensorSpec("codes", "TYPE_INT32", (-1,)),            # [codebooks * frames], codebook-major
+        SPEECH,
+    )
+    Params = OmniVoiceGenerateParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        p = self.params
+        self.model = OmniVoiceModel.load(ctx.checkpoint(p.checkpoint), ctx.device, torch_dtype(p.dtype))
+        self.settings = Settings(p.num_step, p.guidance_scale, p.t_shift, p.layer_penalty_factor,
+                                 p.position_temperature)
+
+    def job(self, req: Request) -> Job:
+        ids = torch.from_numpy(as_numpy(req.get("prompt_ids")).astype(np.int64))
+        frames = int(req.scalar("frames"))
+        if ids.numel() == 0 or frames < 1:
+            raise ValueError(f"inconsistent request: {ids.numel()} prompt ids, {frames} frames")
+        prompt = ids.repeat(self.model.codebooks, 1)
+        return Job(prompt, prompt.shape[1], frames, Speech.from_request(req).seed, float(req.scalar("temperature")))
+
+    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
+        results: list[dict | BaseException | None] = [None] * len(requests)
+        slots, jobs = [], []
+        for slot, req in enumerate(requests):
+            try:
+                jobs.append(self.job(req))
+                slots.append(slot)
+            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                results[slot] = exc
+        if jobs:
+            try:
+                for slot, codes in zip(slots, generate(self.model, jobs, self.settings)):
+                    results[slot] = {"codes": codes.reshape(-1).numpy().astype(np.int32),
+                                     "speech": requests[slot].get("speech")}
+            except Exception as exc:  # noqa: BLE001
+                for slot in slots:
+                    results[slot] = exc
+        return results
+
+
+@dataclass
+class OmniVoiceCodecParams:
+    checkpoint: str = ""
+    remove_silence: bool = True        # the release's postprocess_output: silences over 0.5 s shortened
+
+
+@register("omnivoice_codec")
+class OmniVoiceCodec(Step):
+    inputs = (TensorSpec("codes", "TYPE_INT32", (-1,), ragged=True), SPEECH)
+    outputs = (
+        TensorSpec("waveform", "TYPE_FP32", (-1,)),
+        TensorSpec("sample_rate", "TYPE_INT32", (1,)),
+        SPEECH,
+    )
+    Params = OmniVoiceCodecParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        folder = ctx.checkpoint(self.params.checkpoint)
+        self.codebooks = json.loads((folder / "config.json").read_text())["num_audio_codebook"]
+        self.codec = Codec.load(folder / "audio_tokenizer", ctx.device)     # float32: a small decoder
+
+    def one(self, req: Request) -> dict:
+        codes = torch.from_numpy(as_numpy(req.get("codes")).astype(np.int64))
+        if codes.numel() == 0 or codes.numel() % self.codebooks:
+            raise ValueError(f"{codes.numel()} codes are not whole frames of {self.codebooks}")
+        wave = self.codec.decode(codes.view(1, self.codebooks, -1).to(self.codec.fc2.weight.device))[0]
+        rate = self.codec.sample_rate
+        wave = finish(wave.float().cpu().numpy(), rate, trim_silence=self.params.remove_silence)
+        return {"waveform": wave, "sample_rate": np.asarray([rate], np.int32),
+                "speech": req.get("speech")}

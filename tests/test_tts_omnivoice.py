@@ -1,0 +1,320 @@
+"""OmniVoice (python_backends/tts/omnivoice*.py) against the official `omnivoice` package on a tiny random
+checkpoint in the release layout (converters/tiny_omnivoice.py), and the served `omnivoice_tts` ensemble on
+a live tritonserver.
+
+The reference runs in its own environment (.venv-omnivoice, made by scripts/setup_reference_envs.sh) as a
+subprocess: tests/ref/omnivoice_ref.py loads the same folder with the package's classes and writes its
+outputs to an .npz. Without that environment the parity tests are skipped (with the reason); the others
+always run.
+
+Compared, fp32 on the CPU, a request alone with torch.manual_seed(seed) in the package and the seed as
+our per-request generator: prompt token ids (auto voice, voice design, a non-verbal tag), the frame count
+(duration estimate, speed), the decoded codes after 8-32 steps (greedy and sampled tokens), the codec's
+waveform and the final waveform (loudness, fade, padding).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from python_backends.media import audio
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.step import Request, StepContext
+from python_backends.tts.omnivoice import (Codec, Job, OmniVoiceModel, Settings, estimate_frames, finish, generate,
+                                           prompt_ids, remove_silence, voice_design)
+from python_backends.tts.omnivoice_steps import (OmniVoiceCodec, OmniVoiceCodecParams, OmniVoiceGenerate,
+                                                 OmniVoiceGenerateParams, OmniVoicePre, OmniVoicePreParams)
+from tests.conftest import TINY, running_server
+from tests.test_tts_orpheus import speech_request
+from tests.test_tts_server import SpeechError, stream_speech
+
+ROOT = Path(__file__).resolve().parent.parent
+REF_PYTHON = Path(os.environ.get("OMNIVOICE_PYTHON", ROOT / ".venv-omnivoice" / "bin" / "python"))
+RATE = 24000
+CASES = [
+    {"text": "Hello there, how are you today?", "seed": 3},
+    {"text": "The quick brown fox.", "instruct": "female, low pitch", "speed": 1.3, "seed": 5, "num_step": 8},
+    {"text": "Pack my box [laughter] with five dozen jugs.", "seed": 7, "class_temperature": 0.8, "num_step": 12},
+    {"text": "Write a haiku about the sea.", "instruct": "male, british accent, whisper", "seed": 11, "num_step": 16},
+]
+ESTIMATE = ["Hello", "中文字符测试", "Numbers 0123456789", "Ελληνικά, 한국어, हिन्दी", "مرحبا بالعالم", "こんにちは世界"]
+INSTRUCTS = [["female, British Accent", "hi"], ["男，青年", "hello"], ["female, elderly", "中文"],
+             ["male, 四川话", "hi"], ["femal", "x"], ["male, female", "x"], ["四川话, british accent", "x"]]
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    from converters.tiny import build
+
+    return build(TINY, ["omnivoice"])["omnivoice"]
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return OmniVoiceModel.load(folder)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(folder):
+    from python_backends.text.tokenizer import load_tokenizer
+
+    return load_tokenizer(folder)
+
+
+@pytest.fixture(scope="module")
+def codec(folder):
+    return Codec.load(folder / "audio_tokenizer")
+
+
+def silence_waves() -> np.ndarray:
+    """Speech-like bursts between silences long and short, one near-silent stretch (-60 dB), and an
+    all-silent row: what the release's silence removal cuts and keeps."""
+    g = np.random.default_rng(5)
+    n = int(4.37 * RATE) + 13                          # not whole milliseconds: pydub's zero-fill at the end
+    rows = np.zeros((3, n), np.float32)
+
+    def burst(row, a, b, level):
+        rows[row, int(a * RATE):int(b * RATE)] = level * g.standard_normal(int(b * RATE) - int(a * RATE))
+
+    burst(0, 0.31, 1.2, 0.3), burst(0, 2.6, 2.8, 0.2), burst(0, 2.95, 3.0, 0.5), burst(0, 4.0, 4.2, 0.1)
+    burst(1, 0.0, 0.7, 0.4), burst(1, 0.7, 2.2, 0.0003), burst(1, 2.2, 4.37, 0.05)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def ref(folder, tmp_path_factory) -> dict[str, np.ndarray]:
+    if not REF_PYTHON.exists():
+        pytest.skip(f"reference environment not found ({REF_PYTHON}): run `bash scripts/setup_reference_envs.sh "
+                    "omnivoice` to compare against the official omnivoice package")
+    tmp = tmp_path_factory.mktemp("omnivoice_ref")
+    spec = tmp / "spec.json"
+    np.save(tmp / "silence.npy", silence_waves())
+    spec.write_text(json.dumps({"cases": CASES, "estimate": ESTIMATE, "instructs": INSTRUCTS,
+                                "silence_waves": str(tmp / "silence.npy")}, ensure_ascii=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env["HF_HUB_OFFLINE"] = "1"                         # local folders only: nothing may be downloaded
+    run = subprocess.run([str(REF_PYTHON), str(ROOT / "tests" / "ref" / "omnivoice_ref.py"), str(spec), str(folder),
+                          str(tmp / "ref.npz")], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp))
+    if run.returncode != 0:
+        raise RuntimeError(f"reference run failed ({run.returncode}):\n{run.stderr[-4000:]}")
+    return dict(np.load(tmp / "ref.npz"))
+
+
+def job_for(tokenizer, case: dict) -> Job:
+    instruct = voice_design(case["instruct"], case["text"]) if case.get("instruct") else None
+    prompt = torch.tensor(prompt_ids(tokenizer, case["text"], instruct)).repeat(8, 1)
+    return Job(prompt, prompt.shape[1], estimate_frames(case["text"], speed=case.get("speed") or 1.0), case["seed"],
+               case.get("class_temperature", 0.0))
+
+
+# --- parity with the package --------------------------------------------------------------------
+@pytest.mark.parity
+def test_the_package_loads_every_weight_of_the_folder(ref):
+    """Nothing missing or unexpected (main model and codec), so the comparison runs the file's weights."""
+    assert json.loads(str(ref["load_problems"])) == {}
+    assert str(ref["attn_implementation"]) == "sdpa" and int(ref["sample_rate"]) == RATE
+
+
+@pytest.mark.parity
+def test_prompt_and_frames_equal_the_package(tokenizer, ref):
+    for i, case in enumerate(CASES):
+        job = job_for(tokenizer, case)
+        assert job.prompt[0].tolist() == ref[f"{i}.prompt"].tolist(), i
+        assert job.frames == int(ref[f"{i}.frames"]), i
+    assert [estimate_frames(t) for t in ESTIMATE] == ref["estimate"].tolist()
+    ours = []
+    for description, text in INSTRUCTS:
+        try:
+            ours.append(voice_design(description, text))
+        except ValueError:
+            ours.append("<error>")
+    assert ours == json.loads(str(ref["instructs"]))
+
+
+@pytest.mark.parity
+def test_codes_equal_the_package(model, tokenizer, ref):
+    """Same seed, same codes: greedy (position noise only) and sampled tokens, 8-32 steps."""
+    for i, case in enumerate(CASES):
+        codes, = generate(model, [job_for(tokenizer, case)], Settings(num_step=case.get("num_step", 32)))
+        want = torch.from_numpy(ref[f"{i}.codes"])
+        assert len(set(want[0].tolist())) > 3                 # not one code repeated
+        assert torch.equal(codes, want), f"case {i}: {(codes != want).sum()} of {want.numel()} codes differ"
+
+
+@pytest.mark.parity
+def test_waveform_equals_the_package(codec, ref):
+    for i in range(len(CASES)):
+        codes = torch.from_numpy(ref[f"{i}.codes"])
+        wave = codec.decode(codes[None])[0].numpy()
+        want = ref[f"{i}.decoded"]
+        assert wave.shape == want.shape == (codes.shape[1] * 960,)
+        assert np.abs(want).max() > 0.1 and np.abs(wave - want).max() <= 1e-5
+        final = finish(wave, RATE, trim_silence=False)
+        assert final.shape == ref[f"{i}.wave"].shape
+        assert np.abs(final - ref[f"{i}.wave"]).max() <= 1e-6
+        trimmed = finish(ref[f"{i}.decoded"], RATE)            # the release's default post-processing
+        assert np.array_equal(trimmed, ref[f"{i}.trimmed"]), i
+
+
+@pytest.mark.parity
+def test_silence_removal_equals_the_package(ref):
+    """pydub's cuts, sample for sample: long silences shortened to 500 ms, edges to 100 ms."""
+    for k, wave in enumerate(silence_waves()):
+        ours, want = remove_silence(wave, RATE), ref[f"silence.{k}"]
+        assert np.array_equal(ours, want), (k, ours.shape, want.shape)
+    # row 0: 1.4 s gap -> 1 s (500 ms kept each side), 0.31 s lead and 0.17 s tail -> 0.1 s each
+    assert len(silence_waves()[0]) - len(ref["silence.0"]) == pytest.approx(0.68 * RATE, abs=0.01 * RATE)
+    assert len(ref["silence.2"]) == 0
+
+
+# --- self-consistency (no reference needed) -------------------------------------------------------
+def test_a_request_gets_the_same_codes_alone_or_batched(model, tokenizer):
+    """Five requests of different lengths (one sampled) in one loop: each equals its run alone, bit for bit."""
+    cases = CASES + [{"text": "Hi.", "seed": 1}]
+    jobs = [job_for(tokenizer, c) for c in cases]
+    s = Settings(num_step=8)
+    alone = [generate(model, [j], s)[0] for j in jobs]
+    together = generate(model, jobs[::-1], s)[::-1]
+    assert len({j.frames for j in jobs}) == len(jobs)
+    for a, b in zip(alone, together):
+        assert torch.equal(a, b)
+    other_seed = generate(model, [Job(jobs[0].prompt, jobs[0].audio_start, jobs[0].frames, 99)], s)[0]
+    assert not torch.equal(other_seed, alone[0])
+
+
+def test_codec_is_per_request_and_finish_shapes_the_edges(codec):
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 1024, (1, 8, 30), generator=g)
+    wave = codec.decode(codes)[0].numpy()
+    out = finish(wave, RATE, trim_silence=False)
+    assert out.shape == (30 * 960 + 2 * 2400,) and np.abs(out).max() == pytest.approx(0.5)
+    assert not out[:2400].any() and not out[-2400:].any() and out[2400] == 0      # padding, then the fade
+    assert np.allclose(out[2400 + 2400:-4800], wave[2400:-2400] / np.abs(wave).max() * 0.5, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def steps(folder):
+    def ctx(name, params):
+        return StepContext(name, params, "cpu", folder.parent)
+
+    return (OmniVoicePre(ctx("pre", OmniVoicePreParams(checkpoint=str(folder), max_text_chars=600))),
+            OmniVoiceGenerate(ctx("generate", OmniVoiceGenerateParams(checkpoint=str(folder), num_step=8))),
+            OmniVoiceCodec(ctx("codec", OmniVoiceCodecParams(checkpoint=str(folder)))))
+
+
+def synthesize(steps, **values) -> np.ndarray:
+    pre, gen, codec = steps
+    out = pre.one(speech_request(**values))
+    result, = gen.execute([Request(out)])
+    wave = codec.one(Request(result))
+    assert int(wave["sample_rate"][0]) == RATE
+    return wave["waveform"]
+
+
+def test_pre_builds_the_prompt(steps, tokenizer):
+    out = steps[0].one(speech_request(text="Hello there.", voice="Female, British Accent", speed=2.0,
+                                      response_format="wav", sampling_parameters={"seed": 4, "temperature": 0.5}))
+    assert out["prompt_ids"].tolist() == prompt_ids(tokenizer, "Hello there.", "female, british accent")
+    assert out["frames"].tolist() == [estimate_frames("Hello there.", speed=2.0)] and out["temperature"][0] == 0.5
+    assert json.loads(out["speech"][0]) == {"seed": 4, "response_format": "wav", "stream": False}
+
+
+BAD = [
+    ("empty text", {"text": ""}, "field 'text': is empty"),
+    ("text too long", {"text": "pack my box " * 60}, "field 'text': is too long: 720 characters; at most 600"),
+    ("speech too long", {"text": "0123456789 " * 30}, "field 'text': is too long for one utterance: about"),
+    ("unknown voice", {"voice": "alloy"}, "field 'voice': unknown voice attribute(s) 'alloy'"),
+    ("voice conflict", {"voice": "male, female"}, "field 'voice': conflicting voice attributes 'male' vs 'female'"),
+    ("reference audio", {"reference_audio": "RIFF0000WAVE"}, "field 'reference_audio': this model does not clone"),
+    ("speed", {"speed": 5.0}, "field 'speed': must be in [0.25, 4.0]"),
+    ("sampling", {"sampling_parameters": {"top_p": 0.5}}, "field 'sampling_parameters.top_p'"),
+    ("seed", {"sampling_parameters": {"seed": -1}}, "field 'sampling_parameters.seed'"),
+]
+
+
+@pytest.mark.parametrize("case,values,expect", BAD, ids=[b[0] for b in BAD])
+def test_pre_refuses_bad_input(steps, case, values, expect):
+    with pytest.raises(InvalidInput) as err:
+        steps[0].one(speech_request(**{"text": "Hi.", **values}))
+    assert expect in str(err.value)
+
+
+# --- live server ----------------------------------------------------------------------------------
+MODEL = "omnivoice_tts"
+DTYPES = {"stream": "BOOL", "speed": "FP32"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, folder):
+    with running_server(tmp_path_factory.mktemp("omnivoice"), [MODEL],
+                        [f"{MODEL}.pre.max_text_chars=600", f"{MODEL}.generate.num_step=8"]) as s:
+        yield s
+
+
+def speak(server, timeout=120, **values) -> list[tuple[bytes, int, str]]:
+    return stream_speech(server, MODEL, {k: (v, DTYPES.get(k, "BYTES")) for k, v in values.items()}, timeout)
+
+
+@pytest.mark.server
+def test_served_wav_equals_in_process_synthesis(server, steps):
+    values = {"text": "Hello there, how are you?", "voice": "female, low pitch", "sampling_parameters": {"seed": 11}}
+    (wav, rate, reason), = speak(server, response_format="wav", **values)
+    back, wav_rate = audio.decode(wav)
+    assert (rate, wav_rate, reason) == (RATE, RATE, "stop")
+    local = synthesize(steps, **values)
+    assert np.array_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
+    assert np.abs(local).max() == pytest.approx(0.5) and len(local) > RATE
+
+
+@pytest.mark.server
+def test_streamed_chunks_concatenate_to_the_file(server):
+    values = {"text": "The quick brown fox jumps over the lazy dog.", "sampling_parameters": {"seed": 3}}
+    chunks = speak(server, stream=True, **values)
+    (pcm, rate, _), = speak(server, response_format="pcm", **values)
+    sizes = [len(a) // 2 for a, _, _ in chunks]
+    assert sizes[0] == 4800 and all(s == 24000 for s in sizes[1:-1]) and len(sizes) >= 3
+    assert [r for _, _, r in chunks] == [""] * (len(chunks) - 1) + ["stop"] and {s for _, s, _ in chunks} == {RATE}
+    assert b"".join(a for a, _, _ in chunks) == pcm and rate == RATE
+
+
+@pytest.mark.server
+def test_concurrent_requests_share_generate_batches(server):
+    """Requests at once share generate executions (fewer executions than requests) and each gets exactly
+    the audio it gets alone."""
+    import tritonclient.http as httpclient
+
+    texts = ["Hello there.", "The quick brown fox.", "Hi.", "Write a haiku about the sea."]
+
+    def say(i: int) -> bytes:
+        return speak(server, text=texts[i], response_format="pcm", sampling_parameters={"seed": i})[0][0]
+
+    alone = [say(i) for i in range(len(texts))]
+    stats = httpclient.InferenceServerClient(server.http_url)
+    before = stats.get_inference_statistics(f"{MODEL}_generate")["model_stats"][0]
+    with ThreadPoolExecutor(len(texts)) as pool:
+        together = list(pool.map(say, range(len(texts))))
+    after = stats.get_inference_statistics(f"{MODEL}_generate")["model_stats"][0]
+    stats.close()
+    assert together == alone and all(len(a) > RATE for a in alone)
+    inferences = int(after["inference_count"]) - int(before["inference_count"])
+    executions = int(after["execution_count"]) - int(before["execution_count"])
+    assert inferences == len(texts) and executions < inferences, (inferences, executions)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("case,values,expect", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_fails_that_request_only(server, case, values, expect):
+    with ThreadPoolExecutor(1) as pool:
+        good = pool.submit(speak, server, text="Hi there.", stream=True, sampling_parameters={"seed": 1})
+        with pytest.raises(SpeechError) as err:
+            speak(server, **{"text": "Hi.", **values})
+        chunks = good.result(timeout=120)
+    assert expect in str(err.value), str(err.value)
+    assert chunks[-1][2] == "stop" and sum(len(a) for a, _, _ in chunks) > RATE
