@@ -27,7 +27,8 @@ receptive field in frames, rounded up: 581 for the release config, dominated by 
   - state (exact and cheap; python_backends/tts/qwen3_tts_codec_stream.py, not yet used by the
     served step): keep per request the transformer's last `sliding_window - 1` keys/values per
     layer (rope is relative, so positions can continue) and each conv's last (kernel - 1) * dilation
-    input samples (transposed convs: their last input sample); then decode only the new frames. The state is a few MB per request at release size.
+    input samples (transposed convs: their last input sample); then decode only the new frames.
+    The state is a few MB per request at release size.
 """
 from __future__ import annotations
 
