@@ -199,7 +199,8 @@ def load_ensemble(path: str | Path) -> EnsembleConfig:
 
 
 def apply_override(cfg: EnsembleConfig, dotted: str, value: str) -> None:
-    """`--set ar.max_num_seqs=128` (step key, parameter) or `--set max_batch_size=16`."""
+    """`--set ar.max_num_seqs=128` (step key, parameter), `--set codec.max_queue_delay_us=20000` or
+    `--set max_batch_size=16`."""
     parts = dotted.split(".")
     if len(parts) == 1 and parts[0] == "max_batch_size":
         cfg.max_batch_size = int(value)
@@ -214,8 +215,11 @@ def apply_override(cfg: EnsembleConfig, dotted: str, value: str) -> None:
         if parts[1] in ("count", "kind"):
             setattr(step, parts[1], int(value) if parts[1] == "count" else value)
             return
+        if parts[1] == "max_queue_delay_us" and step.batching is not None:
+            step.batching.max_queue_delay_us = int(value)
+            return
         step.parameters[parts[1]] = yaml.safe_load(value)
         _check_parameters(cfg.source, f"steps.{step.key}", step)
         return
     raise ConfigError(cfg.source, dotted, "override keys are <step>.<parameter>, <step>.count, <step>.kind, "
-                                          "a shared <parameter> or max_batch_size")
+                                          "<step>.max_queue_delay_us, a shared <parameter> or max_batch_size")

@@ -33,7 +33,10 @@ DTYPES = {"stream": "BOOL", "speed": "FP32"}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_checkpoints):
-    with running_server(tmp_path_factory.mktemp("tts"), [MODEL], [f"{MODEL}.max_model_len=512"]) as s:
+    # a 20 ms codec queue delay: on a loaded 2-core machine concurrent streams' chunks arrived more
+    # than the ensemble's 500 us apart and never shared an execution (the batching test failed)
+    overrides = [f"{MODEL}.max_model_len=512", f"{MODEL}.codec.max_queue_delay_us=20000"]
+    with running_server(tmp_path_factory.mktemp("tts"), [MODEL], overrides) as s:
         yield s
 
 
