@@ -14,6 +14,21 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}        # the CPU build here; a GPU machine may pass its CUDA torch
 
+stamp_of() {
+  # the stamp file of venv $1 built by function $2: changes with that recipe (and the shared helpers)
+  echo "$1/.installed-$( (declare -f "$2" fresh_venv python_torchaudio; echo "$TORCH_SPEC") | sha1sum | cut -c1-12)"
+}
+
+fresh_venv() {
+  # an empty venv $1 with pip upgraded and torch installed ($2: what it is for, printed)
+  echo "[reference] building $1 ($2)"
+  rm -rf "$1"
+  "$PY" -m venv "$1"
+  echo '*' > "$1/.gitignore"                      # never committed (python < 3.13 venvs lack this file)
+  "$1/bin/python" -m pip install -q --upgrade pip
+  "$1/bin/python" -m pip install -q "$TORCH_SPEC"
+}
+
 python_torchaudio() {
   # torchaudio without --deps; PyPI's wheel is a CUDA build whose .so files do not load on a CPU torch,
   # so there they are moved aside (torchaudio then imports without its extension: pure Python only)
@@ -27,16 +42,11 @@ python_torchaudio() {
 }
 
 qwen_tts() {
-  local venv=.venv-qwentts
-  local stamp="$venv/.installed-$( (declare -f qwen_tts python_torchaudio; echo "$TORCH_SPEC") | sha1sum | cut -c1-12)"
+  local venv=.venv-qwentts stamp
+  stamp=$(stamp_of "$venv" qwen_tts)
   [ -f "$stamp" ] && return 0
-  echo "[reference] building $venv (qwen-tts 0.1.1, transformers 4.57.3)"
-  rm -rf "$venv"
-  "$PY" -m venv "$venv"
-  echo '*' > "$venv/.gitignore"                   # never committed (python < 3.13 venvs lack this file)
+  fresh_venv "$venv" "qwen-tts 0.1.1, transformers 4.57.3"
   local pip="$venv/bin/python -m pip install -q"
-  $pip --upgrade pip
-  $pip "$TORCH_SPEC"
   # qwen-tts without its dependency list (it wants gradio and a CUDA torchaudio), then what it imports
   $pip --no-deps qwen-tts==0.1.1
   $pip transformers==4.57.3 accelerate==1.12.0 "numpy<2.4" librosa soundfile sox onnxruntime einops
@@ -51,16 +61,11 @@ qwen_tts() {
 omnivoice() {
   # omnivoice's pins (transformers>=5.3) do not clash with .venv; it lives apart all the same because it
   # imports torchaudio, pydub and soundfile at import time, which the product does not need
-  local venv=.venv-omnivoice
-  local stamp="$venv/.installed-$( (declare -f omnivoice python_torchaudio; echo "$TORCH_SPEC") | sha1sum | cut -c1-12)"
+  local venv=.venv-omnivoice stamp
+  stamp=$(stamp_of "$venv" omnivoice)
   [ -f "$stamp" ] && return 0
-  echo "[reference] building $venv (omnivoice 0.2.1, transformers 5.24.0)"
-  rm -rf "$venv"
-  "$PY" -m venv "$venv"
-  echo '*' > "$venv/.gitignore"
+  fresh_venv "$venv" "omnivoice 0.2.1, transformers 5.24.0"
   local pip="$venv/bin/python -m pip install -q"
-  $pip --upgrade pip
-  $pip "$TORCH_SPEC"
   # without its dependency list (gradio, tensorboardx, webdataset: demo and training only), then what
   # the model and its audio utilities import
   $pip --no-deps omnivoice==0.2.1
