@@ -51,3 +51,33 @@ def running_server(tmp_path: Path, models: list[str], overrides: list[str] = ())
         yield server
     finally:
         server.stop()
+
+
+def step_counts(server, model: str) -> tuple[int, int]:
+    """(inference_count, execution_count) of one served model, from Triton's statistics API."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        s = client.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        client.close()
+    return int(s["inference_count"]), int(s["execution_count"])
+
+
+def rounds_until_batched(server, model: str, send_together, tries: int = 3) -> list[tuple[object, int, int]]:
+    """Run `send_together()` (requests sent at once) until `model` ran a round's requests in fewer
+    executions than requests, `tries` rounds at most. Dynamic batching is timing: on a loaded machine
+    requests sent at once can still reach a step apart, so one round that did not share proves
+    nothing, while batching that never happens fails every round. Returns every round run as
+    (what send_together returned, inferences, executions); the caller checks each round's results
+    and that the last one shared."""
+    rounds = []
+    for _ in range(tries):
+        before = step_counts(server, model)
+        results = send_together()
+        after = step_counts(server, model)
+        rounds.append((results, after[0] - before[0], after[1] - before[1]))
+        if rounds[-1][2] < rounds[-1][1]:
+            break
+    return rounds

@@ -26,9 +26,9 @@ from python_backends.tts.kokoro_steps import (KokoroPre, KokoroPreParams, Kokoro
                                               SpeechChunks, SpeechChunksParams)
 from python_backends.tts.kokoro_text import LANGUAGES, Phonemizer, check_phonemes, segments, to_kokoro
 from python_backends.tts.request import Speech
-from tests.conftest import TINY, running_server
+from tests.conftest import TINY, rounds_until_batched, running_server
 from tests.test_tts_orpheus import speech_request
-from tests.test_tts_server import SpeechError, stream_speech
+from tests.test_tts_server import fails_beside, stream_speech
 
 HELLO = "həlˈO, wˈɜɹld!"
 FOX = "ðə kwˈɪk bɹˈWn fˈɑks."
@@ -395,7 +395,6 @@ def test_served_text_goes_through_espeak(server):
 def test_concurrent_requests_share_synth_batches(server):
     """Requests at once share synth executions (fewer executions than requests) and each gets
     exactly the audio it gets alone."""
-    import tritonclient.http as httpclient
 
     phonemes = [HELLO, FOX, "hˈI", "ðə dˈɑɡ.", "wˈʌn, tˈu, θɹˈi.", "jˈɛs!"]
 
@@ -403,16 +402,16 @@ def test_concurrent_requests_share_synth_batches(server):
         return speak(server, phonemes=phonemes[i], response_format="pcm", sampling_parameters={"seed": i})[0][0]
 
     alone = [say(i) for i in range(len(phonemes))]
-    stats = httpclient.InferenceServerClient(server.http_url)
-    before = stats.get_inference_statistics(f"{MODEL}_synth")["model_stats"][0]
-    with ThreadPoolExecutor(len(phonemes)) as pool:
-        together = list(pool.map(say, range(len(phonemes))))
-    after = stats.get_inference_statistics(f"{MODEL}_synth")["model_stats"][0]
-    stats.close()
-    assert together == alone and all(len(a) > 0 for a in alone)
-    inferences = int(after["inference_count"]) - int(before["inference_count"])
-    executions = int(after["execution_count"]) - int(before["execution_count"])
-    assert inferences == len(phonemes) and executions < inferences, (inferences, executions)
+
+    def together() -> list:
+        with ThreadPoolExecutor(len(phonemes)) as pool:
+            return list(pool.map(say, range(len(phonemes))))
+
+    rounds = rounds_until_batched(server, f"{MODEL}_synth", together)
+    assert all(len(a) > 0 for a in alone)
+    for pcm, inferences, _ in rounds:
+        assert pcm == alone and inferences == len(phonemes)
+    assert rounds[-1][2] < rounds[-1][1], rounds[-1][1:]
 
 
 BAD = [
@@ -429,12 +428,9 @@ BAD = [
 @pytest.mark.server
 @pytest.mark.parametrize("case,values,expect", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_fails_that_request_only(server, case, values, expect):
-    with ThreadPoolExecutor(1) as pool:
-        good = pool.submit(speak, server, phonemes="hˈI", stream=True, sampling_parameters={"seed": 1})
-        with pytest.raises(SpeechError) as err:
-            speak(server, **{"text": "Hi.", **values})
-        chunks = good.result(timeout=120)
-    assert expect in str(err.value), str(err.value)
+    error, chunks = fails_beside(lambda: speak(server, **{"text": "Hi.", **values}),
+                                 lambda: speak(server, phonemes="hˈI", stream=True, sampling_parameters={"seed": 1}))
+    assert expect in error, error
     assert chunks[-1][2] == "stop" and sum(len(a) for a, _, _ in chunks) % (2 * FRAME) == 0
 
 

@@ -31,9 +31,9 @@ from python_backends.tts.omnivoice import (Codec, Job, OmniVoiceModel, Settings,
                                            prompt_ids, remove_silence, voice_design)
 from python_backends.tts.omnivoice_steps import (OmniVoiceCodec, OmniVoiceCodecParams, OmniVoiceGenerate,
                                                  OmniVoiceGenerateParams, OmniVoicePre, OmniVoicePreParams)
-from tests.conftest import TINY, running_server
+from tests.conftest import TINY, rounds_until_batched, running_server
 from tests.test_tts_orpheus import speech_request
-from tests.test_tts_server import SpeechError, stream_speech
+from tests.test_tts_server import fails_beside, stream_speech
 
 ROOT = Path(__file__).resolve().parent.parent
 REF_PYTHON = Path(os.environ.get("OMNIVOICE_PYTHON", ROOT / ".venv-omnivoice" / "bin" / "python"))
@@ -288,7 +288,6 @@ def test_streamed_chunks_concatenate_to_the_file(server):
 def test_concurrent_requests_share_generate_batches(server):
     """Requests at once share generate executions (fewer executions than requests) and each gets exactly
     the audio it gets alone."""
-    import tritonclient.http as httpclient
 
     texts = ["Hello there.", "The quick brown fox.", "Hi.", "Write a haiku about the sea."]
 
@@ -296,25 +295,22 @@ def test_concurrent_requests_share_generate_batches(server):
         return speak(server, text=texts[i], response_format="pcm", sampling_parameters={"seed": i})[0][0]
 
     alone = [say(i) for i in range(len(texts))]
-    stats = httpclient.InferenceServerClient(server.http_url)
-    before = stats.get_inference_statistics(f"{MODEL}_generate")["model_stats"][0]
-    with ThreadPoolExecutor(len(texts)) as pool:
-        together = list(pool.map(say, range(len(texts))))
-    after = stats.get_inference_statistics(f"{MODEL}_generate")["model_stats"][0]
-    stats.close()
-    assert together == alone and all(len(a) > RATE for a in alone)
-    inferences = int(after["inference_count"]) - int(before["inference_count"])
-    executions = int(after["execution_count"]) - int(before["execution_count"])
-    assert inferences == len(texts) and executions < inferences, (inferences, executions)
+
+    def together() -> list:
+        with ThreadPoolExecutor(len(texts)) as pool:
+            return list(pool.map(say, range(len(texts))))
+
+    rounds = rounds_until_batched(server, f"{MODEL}_generate", together)
+    assert all(len(a) > RATE for a in alone)
+    for pcm, inferences, _ in rounds:
+        assert pcm == alone and inferences == len(texts)
+    assert rounds[-1][2] < rounds[-1][1], rounds[-1][1:]
 
 
 @pytest.mark.server
 @pytest.mark.parametrize("case,values,expect", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_fails_that_request_only(server, case, values, expect):
-    with ThreadPoolExecutor(1) as pool:
-        good = pool.submit(speak, server, text="Hi there.", stream=True, sampling_parameters={"seed": 1})
-        with pytest.raises(SpeechError) as err:
-            speak(server, **{"text": "Hi.", **values})
-        chunks = good.result(timeout=120)
-    assert expect in str(err.value), str(err.value)
+    error, chunks = fails_beside(lambda: speak(server, **{"text": "Hi.", **values}),
+                                 lambda: speak(server, text="Hi there.", stream=True, sampling_parameters={"seed": 1}))
+    assert expect in error, error
     assert chunks[-1][2] == "stop" and sum(len(a) for a, _, _ in chunks) > RATE
