@@ -7,6 +7,7 @@
 #   bash scripts/setup_reference_envs.sh            # all of them
 #   bash scripts/setup_reference_envs.sh qwen-tts   # .venv-qwentts: qwen-tts 0.1.1 (transformers 4.57.3)
 #   bash scripts/setup_reference_envs.sh omnivoice  # .venv-omnivoice: omnivoice 0.2.1 (transformers 5.24.0)
+#   bash scripts/setup_reference_envs.sh chatterbox # .venv-chatterbox: chatterbox-tts 0.1.7 (transformers 5.2.0)
 #
 # `make test` (and so CI) runs it before the tests: a few minutes the first time, ~1.5 GB.
 set -euo pipefail
@@ -77,12 +78,33 @@ omnivoice() {
   touch "$stamp"
 }
 
+chatterbox() {
+  # chatterbox-tts pins torch 2.6 and a gradio demo; it lives apart and gets only what `chatterbox.tts`
+  # imports (the package's __init__ also imports its voice-conversion and multilingual modules)
+  local venv=.venv-chatterbox stamp
+  stamp=$(stamp_of "$venv" chatterbox)
+  [ -f "$stamp" ] && return 0
+  fresh_venv "$venv" "chatterbox-tts 0.1.7, transformers 5.2.0, diffusers 0.29.0"
+  local pip="$venv/bin/python -m pip install -q"
+  # without their dependency lists (torch pins, gradio, onnx): the package, its S3 tokenizer, the
+  # Perth watermarker it constructs, and the conformer block its flow decoder imports
+  $pip --no-deps chatterbox-tts==0.1.7 s3tokenizer==0.3.0 resemble-perth==1.0.1 conformer==0.3.2
+  # (onnx: s3tokenizer imports it at import time)
+  $pip transformers==5.2.0 diffusers==0.29.0 "numpy<2" librosa==0.11.0 safetensors einops omegaconf scipy tqdm onnx
+  # torchaudio: only its pure-Python part is imported (resampling, kaldi fbank)
+  python_torchaudio "$venv"
+  "$venv/bin/python" -c "from chatterbox.tts import ChatterboxTTS" >/dev/null 2>&1 \
+    || { echo "[reference] $venv: chatterbox does not import" >&2; exit 1; }
+  touch "$stamp"
+}
+
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(qwen-tts omnivoice)
+[ ${#names[@]} -gt 0 ] || names=(qwen-tts omnivoice chatterbox)
 for name in "${names[@]}"; do
   case "$name" in
     qwen-tts) qwen_tts ;;
     omnivoice) omnivoice ;;
-    *) echo "unknown reference environment: $name (known: qwen-tts, omnivoice)" >&2; exit 2 ;;
+    chatterbox) chatterbox ;;
+    *) echo "unknown reference environment: $name (known: qwen-tts, omnivoice, chatterbox)" >&2; exit 2 ;;
   esac
 done

@@ -19,6 +19,8 @@ The release code hard-codes some sizes (hidden 512, decoder 1024/512/64 channels
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 from pathlib import Path
@@ -48,14 +50,30 @@ def leaky(x: torch.Tensor, slope: float) -> torch.Tensor:
     return F.leaky_relu(x, slope)
 
 
+@functools.cache
+def cudnn_lstm_works(device: torch.device) -> bool:
+    """Whether cuDNN can run an LSTM on `device`. A CUDA torch can load an older cuDNN than the one it
+    was built with (a system copy earlier on the library path): its convolutions still run, its
+    RNNs fail. Then the LSTMs run on torch's own CUDA kernels (same math, slower)."""
+    if device.type != "cuda" or not torch.backends.cudnn.is_available():
+        return True
+    try:
+        nn.LSTM(4, 2, batch_first=True, bidirectional=True).to(device)(torch.zeros(1, 3, 4, device=device))
+        return True
+    except RuntimeError as exc:
+        print(f"[kokoro] cuDNN cannot run LSTMs here ({str(exc).splitlines()[0]}); using torch's CUDA LSTM")
+        return False
+
+
 def run_lstm(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """A bidirectional LSTM over [B, T, C] rows. Padded rows are packed so that each row's backward
     pass starts at its own end. LSTMs stay float32 (they are small; see `Kokoro.to_dtype`)."""
     dtype, x = x.dtype, x.float()
-    if lengths is None:
-        return lstm(x)[0].to(dtype)
-    packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-    out, _ = pad_packed_sequence(lstm(packed)[0], batch_first=True, total_length=x.shape[1])
+    with contextlib.nullcontext() if cudnn_lstm_works(x.device) else torch.backends.cudnn.flags(enabled=False):
+        if lengths is None:
+            return lstm(x)[0].to(dtype)
+        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = pad_packed_sequence(lstm(packed)[0], batch_first=True, total_length=x.shape[1])
     return out.to(dtype)
 
 

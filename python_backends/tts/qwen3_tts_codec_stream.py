@@ -64,10 +64,18 @@ class StreamState:
 
     def select(self, rows: slice | torch.Tensor) -> StreamState:
         """The given rows (a slice or an index tensor), copied."""
-        return StreamState._from([t[rows].clone() for t in self.tensors()], len(self.keys))
+        take = (lambda t: t[rows].clone()) if isinstance(rows, slice) else (lambda t: t.index_select(0, rows))
+        return StreamState._from([take(t) for t in self.tensors()], len(self.keys))
 
     def to(self, device: torch.device | str) -> StreamState:
         return StreamState._from([t.to(device) for t in self.tensors()], len(self.keys))
+
+    def put(self, rows: torch.Tensor, other: StreamState) -> None:
+        """Write `other`'s first len(rows) rows into the given rows of this state, in place (a server
+        keeps every stream's state as a row of one preallocated state: a call gathers its streams' rows
+        with `select` and writes them back here, a copy per tensor whatever the number of streams)."""
+        for t, new in zip(self.tensors(), other.tensors()):
+            t.index_copy_(0, rows, new[:len(rows)])
 
 
 class StreamingDecoder:

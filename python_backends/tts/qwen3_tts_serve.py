@@ -10,34 +10,43 @@
                      they are small and run once per request, and a bad clip fails only its request, in
                      the step that validates requests, with no extra step between pre and talker.
 `qwen3_tts_talker`   `talker_frames` (the AR engine, frames of N codes) with a sink that shapes its
-                     stream for a stateless codec, as the Orpheus talker does: a response goes out only
-                     when a chunk can be played (`ChunkPlan.ready_end` grows) or at the end, and it
-                     repeats the already-sent frames from the first one the next chunk's window needs.
-                     Codes travel flattened ([frames * N], ragged) so requests batch in the codec.
-`qwen3_tts_codec`    frames -> 24 kHz waveform with the 12 Hz speech tokenizer's decoder, windows of all
-                     requests in the batch decoded together (same-length windows, `decode_batch` rows
-                     per call: a window decodes to the same bits whichever requests share its batch).
+                     stream for the codec: a response goes out only when a chunk can be played
+                     (`ChunkPlan.ready_end` grows) or at the end, and carries the new frames of its whole
+                     chunks only (flattened, [frames * N], ragged so requests batch in the codec), the
+                     request's `stream_id` (unique, drawn here) and `first_frame`, the index of its first
+                     frame; `finish_reason` marks the stream's last response.
+`qwen3_tts_codec`    frames -> 24 kHz waveform with the 12 Hz speech tokenizer's decoder, stateful
+                     (python_backends/tts/qwen3_tts_codec_stream.py): every frame is decoded once. The
+                     one codec instance (one on purpose: a stream's chunks must decode in order) keeps
+                     each live stream's state as a row of one preallocated state (`max_streams` rows),
+                     decodes the chunks of all streams in a Triton batch together (streams at different
+                     points share a call: the rows only share the chunk length), and frees a row after
+                     its stream's last chunk, or after `stream_idle_s` without a chunk (a cancelled
+                     stream never sends its last one).
 
-Exactness. The decoder is fully causal (no lookahead, python_backends/tts/qwen3_tts_codec.py), so a
-chunk [s, e) is decoded as the window [s - left, e) and its own samples are kept. `context_frames`
-= 0 (the default) takes left from the decoder's receptive field (`context_frames()`: 27 frames for
-the tiny config, 581 for the release one, ~46 s, mostly its sliding-window transformer): every kept
-sample then equals the whole-utterance decode's sample up to float rounding (rope positions start
-at the window, the transformer's sums run in another order). Streamed and non-streamed requests cut
-the same chunks and decode the same windows (`ChunkPlan` is a pure function of frame counts), so the
-streamed PCM equals the non-streamed PCM bit for bit. A smaller `context_frames` trades exactness
-against the whole-utterance decode for cheaper windows (the reference's chunked_decode uses 25); the
-streamed == non-streamed equality holds for any value.
+Exactness. The decoder is fully causal (no lookahead) and a stream's state holds all the past still
+contributes, so each chunk's samples equal the whole-utterance decode's up to float rounding (the sums
+run over other lengths). Chunks are a pure function of frame counts (`ChunkPlan`) and the codec decodes
+a response's chunks one after another (a non-streamed response: all of them; two responses of one
+stream in one Triton batch: in order, a round each), so a streamed and a non-streamed request pass
+through the same decoder calls chunk for chunk. A row decodes alike whatever its neighbours and its
+place in a call, but on the CPU a convolution's rounding depends on the call's batch size: `pad_rows`
+"fixed" pads every call to `decode_batch` rows (copies of a row), so the streamed PCM equals the
+non-streamed PCM bit for bit whichever requests share the calls. "pow2" pads to the next power of two
+only (a lone stream decodes 1 row): samples may then differ in their last bits with how many streams
+share a call.
 
-ICL voice clones: the reference package decodes the clip's codes followed by the new frames and cuts the
-clip's audio off; the talker sends the clip's last `left` frames as the first chunks' left context
-(frames before 0), so those chunks decode as the package decodes them.
+ICL voice clones: the package decodes the clip's codes followed by the new frames and cuts the clip's
+audio off. The talker's first response starts with the clip's frames (frames -len(clip)..-1); the codec
+decodes them first, from a fresh state, and keeps the state, not their audio.
 
 Not here: instructions (VoiceDesign / 1.7B CustomVoice instruct), a language choice (the talker's `auto`).
 """
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,15 +55,18 @@ import torch
 
 from python_backends.ar.sampling import FIELD as SAMPLING, SamplingParams
 from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.chunking import ChunkedCodec, ChunkPlan, Window
+from python_backends.tts.chunking import ChunkPlan
 from python_backends.tts.qwen3_tts import assistant_text, reference_text
-from python_backends.tts.qwen3_tts_codec import CodecDecoder, load_codec, read_codec_config
+from python_backends.tts.qwen3_tts_codec import load_codec
+from python_backends.tts.qwen3_tts_codec_stream import StreamingDecoder
 from python_backends.tts.qwen3_tts_steps import (REFERENCE_REPETITION_PENALTY, REFERENCE_SAMPLING, TalkerFrames,
                                                  TalkerFramesParams)
-from python_backends.tts.request import SPEECH, SPEECH_INPUTS, Speech, parse_reference, parse_speech, reject_reference
+from python_backends.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_reference,
+                                         parse_speech, reject_reference)
 
 MIN_AUDIO_FRAMES = 12           # a prompt must leave room for about a second of audio
 ROLE_TOKENS, CLOSING_TOKENS = 3, 5
@@ -66,15 +78,6 @@ def speech_folder(ctx: StepContext, codec_checkpoint: str, checkpoint: str):
     if codec_checkpoint:
         return ctx.checkpoint(codec_checkpoint)
     return ctx.checkpoint(checkpoint) / "speech_tokenizer"
-
-
-def codec_plan(folder, first: int, size: int, context: int = 0) -> ChunkPlan:
-    """The chunk plan for a speech tokenizer folder (its config alone: layers built on the meta device).
-    `context` 0: the decoder's receptive field."""
-    if context <= 0:
-        with torch.device("meta"):
-            context, _ = CodecDecoder(read_codec_config(folder)["decoder_config"]).context_frames()
-    return ChunkPlan(first, size, context, 0)
 
 
 # --- pre ------------------------------------------------------------------------------------------
@@ -193,44 +196,40 @@ class Qwen3TTSPre(Step):
 # --- talker -----------------------------------------------------------------------------------------
 @dataclass
 class Qwen3TTSTalkerParams(TalkerFramesParams):
-    codec_checkpoint: str = ""      # the speech tokenizer folder ("": the checkpoint's speech_tokenizer/)
     first_chunk_frames: int = 3
     chunk_frames: int = 12
-    context_frames: int = 0         # left context per chunk window; 0: the decoder's receptive field
 
 
 class FrameChunkSink(ResponseSink):
-    """One request's sink: talker_frames' responses -> codec-ready ones (frames flattened)."""
+    """One request's sink: talker_frames' responses -> the codec's (whole chunks of new frames, flattened)."""
 
-    def __init__(self, inner: ResponseSink, plan: ChunkPlan, streaming: bool, num_codes: int, reference=None):
-        self.inner, self.plan, self.streaming, self.n = inner, plan, streaming, num_codes
+    def __init__(self, inner: ResponseSink, plan: ChunkPlan, num_codes: int, reference=None):
+        self.inner, self.plan, self.n = inner, plan, num_codes
+        self.stream_id = string_array(uuid.uuid4().hex)
         self.frames: list[np.ndarray] = []     # every frame released so far, [N] each
-        self.sent = 0                          # how many of them went out
-        # an ICL voice clone's reference frames, the last `left` of them: frames -len(ref)..-1
+        self.sent = 0                          # how many of them went out (a chunk boundary until the end)
+        # an ICL voice clone's reference frames: they lead the first response, as frames -len(ref)..-1
         ref = np.zeros(0) if reference is None else reference.cpu().numpy() if hasattr(reference, "cpu") else reference
-        ref = np.asarray(ref, np.int32).reshape(-1, num_codes)
-        self.ref = list(ref[len(ref) - min(len(ref), plan.left):])
+        self.ref = list(np.asarray(ref, np.int32).reshape(-1, num_codes))
 
     def send(self, outputs: dict[str, Any], final: bool = False) -> None:
         if "codes" not in outputs:             # an abort's empty acknowledgement
             self.inner.send(outputs, final)
             return
         self.frames += list(np.asarray(outputs["codes"], dtype=np.int32).reshape(-1, self.n))
-        total = len(self.frames)
-        if not final and self.plan.ready_end(total) <= self.plan.ready_end(self.sent):
+        end = len(self.frames) if final else self.plan.ready_end(len(self.frames))
+        if not final and end <= self.sent:
             return                             # nothing new to play yet
-        lo = -len(self.ref)                    # context_start, reaching into the reference
-        start = max(lo, self.plan.ready_end(self.sent) - self.plan.left) if self.streaming else lo
-        known = self.ref + self.frames
-        codes = np.stack(known[start - lo:]) if total > start else np.zeros((0, self.n), np.int32)
+        frames = self.ref + self.frames[self.sent:end]
+        first, self.ref = self.sent - len(self.ref), []
         self.inner.send({
-            "codes": codes.reshape(-1),
-            "num_context": np.asarray([self.sent - start], dtype=np.int32),
-            "completion_tokens": np.asarray([total], dtype=np.int32),
+            "codes": (np.stack(frames) if frames else np.zeros((0, self.n), np.int32)).reshape(-1),
+            "stream_id": self.stream_id,
+            "first_frame": np.asarray([first], dtype=np.int32),
             "finish_reason": outputs["finish_reason"],
             "speech": outputs["speech"],
         }, final)
-        self.sent = total
+        self.sent = end
 
     def error(self, exc: BaseException) -> None:
         self.inner.error(exc)
@@ -245,84 +244,201 @@ class Qwen3TTSTalker(TalkerFrames):
     # the ensemble exposes only the speech route's tensors
     inputs = tuple(s for s in TalkerFrames.inputs if s.name not in ("instruct_ids", "language", "non_streaming"))
     outputs = (
-        TensorSpec("codes", "TYPE_INT32", (-1,)),             # [frames * N] from the window's first frame
-        TensorSpec("num_context", "TYPE_INT32", (1,)),        # frames of them sent before
-        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),  # frames so far
-        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        TensorSpec("codes", "TYPE_INT32", (-1,)),             # [frames * N]: whole chunks of new frames
+        TensorSpec("stream_id", "TYPE_STRING", (1,)),         # the codec keeps the stream's decoder state under it
+        TensorSpec("first_frame", "TYPE_INT32", (1,)),        # index of codes' first frame (< 0: a clone's reference)
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),     # "" until the stream's last response
         SPEECH,
     )
     Params = Qwen3TTSTalkerParams
 
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
-        p = self.params
-        self.plan = codec_plan(speech_folder(ctx, p.codec_checkpoint, p.checkpoint), p.first_chunk_frames,
-                               p.chunk_frames, p.context_frames)
+        self.plan = ChunkPlan(self.params.first_chunk_frames, self.params.chunk_frames, 0, 0)
 
     def submit(self, request: Request, sink: ResponseSink) -> None:
         if self.handle_abort(request, sink):
             return
-        sink = FrameChunkSink(sink, self.plan, bool(request.scalar("stream", False)), self.model.num_codes,
-                              request.get("ref_codes"))
-        super().submit(request, sink)
+        super().submit(request, FrameChunkSink(sink, self.plan, self.model.num_codes, request.get("ref_codes")))
 
 
 # --- codec ------------------------------------------------------------------------------------------
 @dataclass
 class Qwen3TTSCodecParams:
     checkpoint: str = ""
-    codec_checkpoint: str = ""
+    codec_checkpoint: str = ""      # the speech tokenizer folder ("": the checkpoint's speech_tokenizer/)
     dtype: str = "float32"
     first_chunk_frames: int = 3
     chunk_frames: int = 12
-    context_frames: int = 0
-    decode_batch: int = 4           # windows per decoder call (fixed, see the module docstring)
-    pad_rows: str = "fixed"         # "fixed" | "pow2" (see ChunkedCodec)
+    decode_batch: int = 4           # rows per decoder call
+    pad_rows: str = "fixed"         # "fixed" | "pow2": see the module docstring
+    max_streams: int = 32           # decoder states kept at once (a row each, allocated at start)
+    stream_idle_s: float = 60.0     # a state without a chunk for this long is dropped
+
+
+@dataclass
+class _Stream:
+    row: int                        # its row of the codec's states
+    next_frame: int                 # where its next chunk must start
+    used: float                     # time.monotonic() of its last chunk
+
+
+@dataclass
+class _Chunk:
+    request: int                    # index in the Triton batch
+    stream: str
+    start: int                      # the stream's frame index of codes[0]
+    codes: np.ndarray               # [T, N]
+    keep: bool                      # False: a clone's reference frames, decoded for the state only
 
 
 @register("qwen3_tts_codec")
-class Qwen3TTSCodecStep(ChunkedCodec):
+class Qwen3TTSCodecStep(Step):
     inputs = (
         TensorSpec("codes", "TYPE_INT32", (-1,), ragged=True),
-        TensorSpec("num_context", "TYPE_INT32", (1,)),
-        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),
+        TensorSpec("stream_id", "TYPE_STRING", (1,)),
+        TensorSpec("first_frame", "TYPE_INT32", (1,)),
         TensorSpec("finish_reason", "TYPE_STRING", (1,)),
         SPEECH,
     )
+    outputs = AUDIO_CHUNK_OUTPUTS
     Params = Qwen3TTSCodecParams
 
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
         p = self.params
-        folder = speech_folder(ctx, p.codec_checkpoint, p.checkpoint)
-        self.codec = load_codec(folder, ctx.device, self.dtype)
-        self.sample_rate, self.frame_samples = self.codec.sample_rate, self.codec.frame_samples
-        self.n = self.codec.num_quantizers
+        if p.decode_batch < 1 or p.max_streams < 1 or p.stream_idle_s <= 0:
+            raise ValueError("decode_batch and max_streams must be >= 1, stream_idle_s > 0")
+        if p.pad_rows not in ("fixed", "pow2"):
+            raise ValueError(f"pad_rows must be 'fixed' or 'pow2', got {p.pad_rows!r}")
+        self.codec = load_codec(speech_folder(ctx, p.codec_checkpoint, p.checkpoint), ctx.device, torch_dtype(p.dtype))
+        self.sample_rate, self.n = self.codec.sample_rate, self.codec.num_quantizers
         self.codebook_size = self.codec.decoder.config["codebook_size"]
-        self.plan = codec_plan(folder, p.first_chunk_frames, p.chunk_frames, p.context_frames)
+        self.plan = ChunkPlan(p.first_chunk_frames, p.chunk_frames, 0, 0)
+        self.decoder = StreamingDecoder(self.codec.decoder)
+        self.states = self.decoder.start(p.max_streams)        # row r: the state of the stream holding r
+        self.fresh = self.decoder.start(1)
+        self.free = list(range(p.max_streams - 1, -1, -1))
+        self.streams: dict[str, _Stream] = {}
 
-    def windows(self, index: int, req: Request) -> list[Window]:
-        codes = req.get("codes")
-        codes = codes.cpu().numpy() if hasattr(codes, "cpu") else np.asarray(codes)
-        codes = codes.reshape(-1, self.n)
-        n_ctx, total = int(req.scalar("num_context")), int(req.scalar("completion_tokens"))
+    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
+        now = time.monotonic()
+        self.drop_idle(now)
+        results: list[dict | BaseException | None] = [None] * len(requests)
+        queues: dict[str, list[_Chunk]] = {}                   # per stream, its chunks in order
+        ended: list[str] = []                                  # streams whose last response is here
+        for i, req in enumerate(requests):
+            try:
+                for chunk in self.chunks(i, req):
+                    queues.setdefault(chunk.stream, []).append(chunk)
+                if req.string("finish_reason"):
+                    ended.append(req.string("stream_id"))
+            except Exception as exc:  # noqa: BLE001 - this request fails, its neighbours go on
+                results[i] = exc
+        audio: dict[int, list[np.ndarray]] = {i: [] for i in range(len(requests))}
+        while queues:                           # a round: the next chunk of every stream
+            ready = []
+            for stream, queue in list(queues.items()):
+                chunk = queue.pop(0)
+                if not queue:
+                    del queues[stream]
+                if results[chunk.request] is not None:
+                    continue
+                try:
+                    self.claim(chunk, now)
+                    ready.append(chunk)
+                except Exception as exc:  # noqa: BLE001
+                    results[chunk.request] = exc
+                    self.drop(stream)           # its later chunks fail too, clearly
+            for length in sorted({len(c.codes) for c in ready}):
+                group = [c for c in ready if len(c.codes) == length]
+                try:
+                    waves = self.decode(group)
+                except Exception as exc:  # noqa: BLE001 - the streams of a failed call end
+                    for c in group:
+                        results[c.request] = exc
+                        self.drop(c.stream)
+                    continue
+                for c, wave in zip(group, waves):
+                    self.streams[c.stream].next_frame += length
+                    self.streams[c.stream].used = now
+                    if c.keep:
+                        audio[c.request].append(wave)
+        for stream in ended:
+            self.drop(stream)
+        for i, req in enumerate(requests):
+            if results[i] is None:
+                results[i] = {"waveform": np.concatenate(audio[i]) if audio[i] else np.zeros(0, np.float32),
+                              "sample_rate": np.asarray([self.sample_rate], dtype=np.int32),
+                              "finish_reason": req.get("finish_reason"),
+                              "speech": req.get("speech")}
+        return results
+
+    def chunks(self, index: int, req: Request) -> list[_Chunk]:
+        """A response's chunks, in order: a clone's reference frames (first response only), then the
+        plan's chunks of its new frames."""
+        stream, first = req.string("stream_id") or "", int(req.scalar("first_frame"))
+        if not stream:
+            raise InvalidInput("stream_id", "is empty")
         reason = req.string("finish_reason") or ""
         if reason == "cancelled":
             return []
-        before = total - (codes.shape[0] - n_ctx)
-        first = before - n_ctx                          # frame index of codes[0]
-        out = []
-        for order, chunk in enumerate(self.plan.chunks(before, total, final=bool(reason))):
-            start, end = self.plan.window(chunk, total)
-            if first < 0:                       # reference frames before frame 0 (ICL): context like any other
-                start = max(chunk[0] - self.plan.left, first)
-            if start < first:
-                raise RuntimeError(f"the talker sent context from frame {first}, the window needs {start}: "
-                                   "talker and codec disagree on the chunk plan")
-            out.append(Window(index, order, codes[start - first:end - first], start,
-                              (chunk[0] - start, chunk[1] - start)))
-        return out
+        codes = req.get("codes")
+        codes = codes.cpu().numpy() if hasattr(codes, "cpu") else np.asarray(codes)
+        codes = codes.reshape(-1, self.n)
+        start, end = max(first, 0), first + len(codes)         # the new frames (after a clone's reference)
+        spans = self.plan.chunks(start, end, final=bool(reason)) if end > start else []
+        covered = (spans[0][0], spans[-1][1]) if spans else (start, start)
+        if covered != (start, end):
+            raise RuntimeError(f"stream {stream}: frames [{start}, {end}) are not whole chunks of the codec's "
+                               "plan: talker and codec disagree on first_chunk_frames / chunk_frames")
+        out = [_Chunk(index, stream, first, codes[:start - first], keep=False)] if spans and first < 0 else []
+        return out + [_Chunk(index, stream, a, codes[a - first:b - first], keep=True) for a, b in spans]
 
-    def decode_rows(self, rows: list[Window]) -> np.ndarray:
-        codes = np.stack([w.data for w in rows]).astype(np.int64).clip(0, self.codebook_size - 1)  # ignore_eos
-        return self.codec.decode_window(torch.from_numpy(codes).to(self.ctx.device)).float().cpu().numpy()
+    def claim(self, chunk: _Chunk, now: float) -> None:
+        """Check that the chunk continues its stream's state; a stream's first chunk takes a free row."""
+        s = self.streams.get(chunk.stream)
+        if s is not None:
+            if s.next_frame != chunk.start:
+                raise RuntimeError(f"stream {chunk.stream}: a chunk from frame {chunk.start}, but its decoder "
+                                   f"state is at frame {s.next_frame} (chunks out of order or repeated)")
+            return
+        if chunk.start > 0:
+            raise RuntimeError(f"stream {chunk.stream}: no decoder state for its chunk from frame {chunk.start}: "
+                               f"the state was dropped (no chunk for over stream_idle_s = "
+                               f"{self.params.stream_idle_s:g} s, or an earlier chunk failed) or never made")
+        if not self.free:
+            raise RuntimeError(f"stream {chunk.stream} cannot start: all max_streams = {self.params.max_streams} "
+                               "decoder states are in use by live streams")
+        row = self.free.pop()
+        self.states.put(torch.tensor([row], device=self.states.pos.device), self.fresh)
+        self.streams[chunk.stream] = _Stream(row, chunk.start, now)
+
+    def drop(self, stream: str) -> None:
+        s = self.streams.pop(stream, None)
+        if s is not None:
+            self.free.append(s.row)
+
+    def drop_idle(self, now: float) -> None:
+        idle = [k for k, s in self.streams.items() if now - s.used > self.params.stream_idle_s]
+        for k in idle:
+            self.drop(k)
+        if idle:
+            self.ctx.log(f"{self.ctx.model_name}: dropped the decoder state of {len(idle)} stream(s) idle for "
+                         f"over {self.params.stream_idle_s:g} s (cancelled?)")
+
+    def decode(self, group: list[_Chunk]) -> list[np.ndarray]:
+        """Same-length chunks of distinct streams -> their waveforms; the streams' states advance.
+        `decode_batch` rows per call at most, padded with copies of the first row (see pad_rows)."""
+        n, device, out = self.params.decode_batch, self.states.pos.device, []
+        for i in range(0, len(group), n):
+            part = group[i:i + n]
+            size = n if self.params.pad_rows == "fixed" else min(n, 1 << (len(part) - 1).bit_length())
+            part_rows = part + [part[0]] * (size - len(part))
+            rows = torch.tensor([self.streams[c.stream].row for c in part_rows], device=device)
+            codes = torch.from_numpy(np.stack([c.codes for c in part_rows]).astype(np.int64))
+            codes = codes.clamp(0, self.codebook_size - 1).to(device)     # ignore_eos may leave EOS in code 0
+            wave, state = self.decoder.decode(codes, self.states.select(rows))
+            self.states.put(rows[:len(part)], state)                       # padding rows are dropped
+            out += list(wave[:len(part)].float().cpu().numpy())
+        return out
