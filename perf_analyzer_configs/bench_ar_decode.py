@@ -165,8 +165,8 @@ def profile_decode(engine, sp, args, path: Path) -> None:
 
 
 # --- our engine behind tritonserver --------------------------------------------------------------
-def bench_server(name, folder, args, target):
-    from client import ChatClient
+def start_server(name, folder, args, target):
+    """tritonserver with qwen3_chat on the benchmark's shape (dummy weights); returns (server, setup s)."""
     from converters.__main__ import load_configs
     from converters.generate import write_repository
     from launcher import TritonServer
@@ -181,9 +181,19 @@ def bench_server(name, folder, args, target):
     log = Path(args.workdir) / f"tritonserver-{name}.log"
     t = time.monotonic()
     server = TritonServer(repo, models=["qwen3_chat"], log_path=log).start(timeout=900)
-    setup_s = time.monotonic() - t
+    return server, time.monotonic() - t
+
+
+def random_text(rng, n):
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n))
+
+
+def bench_server(name, folder, args, target):
+    """Our Python gRPC client (ChatClient), one thread and stream per request: TTFT and TPOT per request."""
+    from client import ChatClient
+
+    server, setup_s = start_server(name, folder, args, target)
     rng = random.Random(0)
-    letters = "abcdefghijklmnopqrstuvwxyz"
     sampling = {"max_tokens": args.output_len, "temperature": 0.0, "ignore_eos": True}
 
     def one(prompt, t0):
@@ -196,7 +206,7 @@ def bench_server(name, folder, args, target):
         return {"ttft": stamps[0] - t0, "tpot": (stamps[-1] - stamps[0]) / (args.output_len - 1)}
 
     def run(c):
-        texts = ["".join(rng.choice(letters) for _ in range(args.prompt_len)) for _ in range(c)]
+        texts = [random_text(rng, args.prompt_len) for _ in range(c)]
         results = [None] * c
         t0 = time.perf_counter()
 
@@ -212,12 +222,57 @@ def bench_server(name, folder, args, target):
 
     try:
         run(1)
-        run(c_max)
+        run(max(args.concurrency))
         rows = []
         for c in args.concurrency:
             wall, per = run(c)
             rows.append(summarize("ours via tritonserver", name, c, wall, per, args.output_len))
             print(json.dumps(rows[-1]), flush=True)
+        rows[0]["setup_s"] = setup_s
+        return rows
+    finally:
+        server.stop()
+
+
+def bench_server_perf_analyzer(name, folder, args, target):
+    """Triton's perf_analyzer (a C++ client) streaming against the same server, on two models: the
+    front users call (text in: pre -> AR -> detokenize, relayed) and the AR step alone (token ids in
+    and out). The gap between them is the cost of the ensemble's other steps and hops; the gap
+    between the front here and `bench_server` is our Python client's. perf_analyzer counts responses
+    (one a token); it reports a request's whole latency, so TPOT here is latency / output tokens
+    (TTFT included) and TTFT is not measured."""
+    from perf_analyzer_configs import perf_analyzer
+
+    server, setup_s = start_server(name, folder, args, target)
+    rng = random.Random(0)
+    sampling = json.dumps({"max_tokens": args.output_len, "temperature": 0.0, "ignore_eos": True})
+    vocab = SHAPES[name]["vocab_size"]
+    work = Path(args.workdir) / "perf_analyzer"
+    work.mkdir(parents=True, exist_ok=True)
+    c_max = max(args.concurrency)
+    data = {   # c_max different prompts per target, cycled through by perf_analyzer
+        "qwen3_chat": [{"text_input": [random_text(rng, args.prompt_len)], "sampling_parameters": [sampling],
+                        "stream": [True]} for _ in range(c_max)],
+        "qwen3_chat_ar": [{"input_ids": {"content": ids, "shape": [len(ids)]}, "sampling": [sampling],
+                           "stream": [True]} for ids in prompts(c_max, args.prompt_len, vocab, seed=1)],
+    }
+    settings = perf_analyzer.Settings(measurement_ms=args.pa_window_ms, max_trials=3, stability_percent=50)
+    rows = []
+    try:
+        for model, kind in (("qwen3_chat", "ours via tritonserver, perf_analyzer"),
+                            ("qwen3_chat_ar", "AR step alone via tritonserver, perf_analyzer")):
+            path = work / f"{model}.json"
+            path.write_text(json.dumps({"data": data[model]}))
+            for c in args.concurrency:
+                found, _, cmd = perf_analyzer.run(model, server.grpc_url, path, work / f"{model}_c{c}.csv", c,
+                                                  settings, streaming=True, timeout_s=600)
+                r = found[0]
+                tokens_per_s = r["response_throughput_per_s"]
+                rows.append({"model": name, "mode": kind, "concurrency": c, "tokens_per_s": tokens_per_s,
+                             "requests_per_s": r["throughput_per_s"], "tpot_ms_p50": r["avg_latency_us"] / 1e3
+                             / args.output_len, "latency_ms_avg": r["avg_latency_us"] / 1e3,
+                             "latency_ms_p90": r.get("p90_latency_us", 0) / 1e3})
+                print(json.dumps(rows[-1]), flush=True)
         rows[0]["setup_s"] = setup_s
         return rows
     finally:
@@ -356,8 +411,9 @@ def write_results(rows, args, bandwidth, path_json: Path, gpu=None, versions=Non
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         share = f"{100 * r['roofline_share_c1']:.0f}%" if "roofline_share_c1" in r else ""
+        ttft = f"{r['ttft_ms_p50']:.1f}" if "ttft_ms_p50" in r else "n/a"
         lines.append(f"| {r['model']} | {r['mode']} | {r['concurrency']} | {r['tokens_per_s']:.0f} | "
-                     f"{r['tpot_ms_p50']:.2f} | {r['ttft_ms_p50']:.1f} | {share} |")
+                     f"{r['tpot_ms_p50']:.2f} | {ttft} | {share} |")
     lines += ["", "Roofline: (weight bytes + KV bytes at the mean context) per step / measured copy bandwidth: "
               + ", ".join(f"{k} {v['ideal_tpot_ms_c1']:.2f} ms" for k, v in roofline.items() if v["ideal_tpot_ms_c1"])]
     if data["notes"]:
@@ -369,7 +425,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["qwen3-0.6b", "qwen3-8b", "qwen3.5-0.8b", "qwen3.5-9b"],
                     choices=sorted(SHAPES))
-    ap.add_argument("--modes", nargs="+", default=["inprocess", "server", "hf"], choices=["inprocess", "server", "hf"])
+    ap.add_argument("--modes", nargs="+", default=["inprocess", "server", "hf"],
+                    choices=["inprocess", "server", "server-pa", "hf"],
+                    help="server-pa: perf_analyzer against the server's front and its AR step")
+    ap.add_argument("--pa-window-ms", type=int, default=10000, help="perf_analyzer's measurement window")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32, 64])
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=256)
@@ -413,6 +472,8 @@ def main() -> int:
                 rows += bench_inprocess(name, folder, args, device)
             elif mode == "server":
                 rows += bench_server(name, folder, args, target)
+            elif mode == "server-pa":
+                rows += bench_server_perf_analyzer(name, folder, args, target)
             else:
                 rows += bench_hf(name, folder, args, device)
             gc.collect()                                        # the mode's model and caches are gone
