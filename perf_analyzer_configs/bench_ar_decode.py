@@ -176,6 +176,7 @@ def start_server(name, folder, args, target):
         "load_format": "dummy", "max_num_seqs": c_max, "dtype": args.dtype, "enforce_eager": str(args.eager).lower(),
         "max_num_batched_tokens": c_max * args.prompt_len}.items()]
     overrides.append(f"qwen3_chat.max_model_len={args.prompt_len + args.output_len + 16}")
+    overrides += args.set or []
     repo = Path(args.workdir) / "model_repository"
     write_repository(load_configs(["qwen3_chat"], [f"qwen3_chat={folder}"], overrides), repo, target)
     log = Path(args.workdir) / f"tritonserver-{name}.log"
@@ -428,6 +429,7 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", default=["inprocess", "server", "hf"],
                     choices=["inprocess", "server", "server-pa", "hf"],
                     help="server-pa: perf_analyzer against the server's front and its AR step")
+    ap.add_argument("--set", action="append", help="a converter override for the server modes (KEY=VALUE)")
     ap.add_argument("--pa-window-ms", type=int, default=10000, help="perf_analyzer's measurement window")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32, 64])
     ap.add_argument("--prompt-len", type=int, default=512)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import queue
+import sys
 import threading
 import traceback
 import time
@@ -58,6 +59,10 @@ class ARParams:
     # for every later ensemble step. Measured on an H200 (qwen3_chat, qwen3-0.6b shape, c=64): auto
     # gave 3,106 tokens/s against 2,995 with 1, within run-to-run spread, so the default stays 1.
     stream_interval: int = 1
+    # Python's GIL hand-over interval in this step's process (sys.setswitchinterval). The engine thread
+    # gives the GIL up at every step's device->host copy; with the delivery thread busy sending
+    # responses it then waits up to this long to get it back (Python's default: 5000 us). 0: leave it.
+    gil_switch_interval_us: int = 500
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.max_num_seqs, self.max_model_len, self.max_num_batched_tokens, self.block_size,
@@ -133,6 +138,8 @@ class ARDecode(Step):
 
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
+        if self.params.gil_switch_interval_us > 0:
+            sys.setswitchinterval(self.params.gil_switch_interval_us / 1e6)
         self.engine = self.make_engine(ctx.checkpoint(self.params.checkpoint))
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.live: set[_Reply] = set()
