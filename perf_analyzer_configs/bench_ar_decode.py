@@ -454,6 +454,8 @@ def main() -> int:
                 rows = [x for x in rows if (x["model"], x["mode"], x["concurrency"]) !=
                         (r["model"], r["mode"], r["concurrency"])] + [r]
         first = parts[0]
+        # the merged files' notes are kept, then the new ones
+        args.note = list(dict.fromkeys([n for part in parts for n in part.get("notes", [])] + (args.note or [])))
         args.prompt_len, args.output_len, args.dtype = first["prompt_len"], first["output_len"], first["dtype"]
         write_results(rows, args, first["copy_bandwidth_GBps"] * 1e9, args.out, first["gpu"], first["versions"],
                       max(p["date"] for p in parts))
