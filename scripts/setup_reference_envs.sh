@@ -86,14 +86,16 @@ chatterbox() {
   [ -f "$stamp" ] && return 0
   fresh_venv "$venv" "chatterbox-tts 0.1.7, transformers 5.2.0, diffusers 0.29.0"
   local pip="$venv/bin/python -m pip install -q"
-  # without their dependency lists (torch pins, gradio, onnx): the package, its S3 tokenizer, the
+  # without their dependency lists (torch pins, gradio, pre-commit): the package, its S3 tokenizer, the
   # Perth watermarker it constructs, and the conformer block its flow decoder imports
   $pip --no-deps chatterbox-tts==0.1.7 s3tokenizer==0.3.0 resemble-perth==1.0.1 conformer==0.3.2
-  # (onnx: s3tokenizer imports it at import time)
-  $pip transformers==5.2.0 diffusers==0.29.0 "numpy<2" librosa==0.11.0 safetensors einops omegaconf scipy tqdm onnx
+  # then what they import: s3tokenizer imports onnx, Perth pkg_resources (gone from setuptools 81)
+  $pip transformers==5.2.0 diffusers==0.29.0 "numpy<2" librosa==0.11.0 safetensors einops omegaconf scipy tqdm \
+    onnx "setuptools<81"
   # torchaudio: only its pure-Python part is imported (resampling, kaldi fbank)
   python_torchaudio "$venv"
-  "$venv/bin/python" -c "from chatterbox.tts import ChatterboxTTS" >/dev/null 2>&1 \
+  "$venv/bin/python" -c "import perth; from chatterbox.tts import ChatterboxTTS; perth.PerthImplicitWatermarker()" \
+    >/dev/null 2>&1 \
     || { echo "[reference] $venv: chatterbox does not import" >&2; exit 1; }
   touch "$stamp"
 }

@@ -1,4 +1,5 @@
 """Registers the speech-synthesis step classes (imported by python_backends/steps.py)."""
+import python_backends.tts.chatterbox_steps  # noqa: F401
 import python_backends.tts.codec  # noqa: F401
 import python_backends.tts.kokoro_steps  # noqa: F401
 import python_backends.tts.omnivoice_steps  # noqa: F401

@@ -1,0 +1,197 @@
+"""Chatterbox's steps (ensemble_configs/chatterbox_tts.yaml): pre -> t3 -> s3gen -> speech_post (the model:
+python_backends/tts/chatterbox.py, chatterbox_s3gen.py).
+
+`chatterbox_pre`     speech inputs -> T3's text ids (normalised text between start / stop tokens), the
+                     sampling settings as JSON and `speech` (seed drawn here when absent). The voice is the
+                     checkpoint's built-in one (conds.pt); voice cloning is refused. Bad requests fail
+                     here, naming the field.
+`chatterbox_t3`      every request of the batch in one decode loop (cond / uncond row pair per request,
+                     left-padded prompts, transformers' KV cache); tokens come from the request's own
+                     seeded generator, so they do not depend on the batch neighbours' draws.
+`chatterbox_s3gen`   speech tokens -> 24 kHz waveform (flow matching, HiFT), request by request (every request
+                     has its own length and noise); its noise comes from a generator seeded with the seed.
+
+The package does not stream (generate returns the whole waveform), so a streamed request gets its audio
+as one PCM chunk.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.params import torch_dtype
+from python_backends.runtime.spec import TensorSpec
+from python_backends.runtime.step import Request, Step, StepContext, register, string_array
+from python_backends.tts.chatterbox import T3, Sampling, T3Job, TextTokenizer, generate_tokens, load_voice
+from python_backends.tts.chatterbox_s3gen import CFM_STEPS, SAMPLE_RATE, S3Gen
+from python_backends.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_speech, \
+    reject_reference
+
+DEFAULT_VOICE = "default"
+# sampling_parameters keys read (generate()'s arguments; max_tokens as for the other talkers) and their ranges
+SAMPLING_RANGES = {"temperature": (0.0, 5.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
+                   "repetition_penalty": (0.1, 5.0), "cfg_weight": (0.0, 5.0), "exaggeration": (0.0, 5.0)}
+
+
+def checkpoint_folder(ctx: StepContext, value: str):
+    """The release folder has no config.json (the usual checkpoint marker): look for T3's weights."""
+    folder = ctx.path(value)
+    if not value or not (folder / "t3_cfg.safetensors").exists():
+        raise FileNotFoundError(f"{ctx.model_name}: checkpoint folder {str(folder)!r} (parameter 'checkpoint') has "
+                                "no t3_cfg.safetensors; build it or pass --checkpoint NAME=DIR to the converter")
+    return folder
+
+
+def as_numpy(value) -> np.ndarray:
+    """A GPU step may be handed torch tensors."""
+    return value.cpu().numpy() if hasattr(value, "cpu") else np.asarray(value)
+
+
+@dataclass
+class ChatterboxPreParams:
+    checkpoint: str = ""
+    max_text_chars: int = 4096
+    max_tokens: int = 1000             # speech tokens per request (generate's max_new_tokens), 25 a second
+
+
+@register("chatterbox_pre")
+class ChatterboxPre(Step):
+    inputs = SPEECH_INPUTS
+    outputs = (
+        TensorSpec("text_ids", "TYPE_INT32", (-1,)),
+        TensorSpec("sampling", "TYPE_STRING", (1,)),
+        SPEECH,
+    )
+    Params = ChatterboxPreParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        self.tokenizer = TextTokenizer(checkpoint_folder(ctx, self.params.checkpoint) / "tokenizer.json")
+
+    def sampling(self, req: Request) -> tuple[int, dict]:
+        raw = req.json("sampling_parameters") or {}
+        if not isinstance(raw, dict):
+            raise InvalidInput("sampling_parameters", "expected a JSON object")
+        allowed = ("seed", "max_tokens", *SAMPLING_RANGES)
+        for key in raw:
+            if key not in allowed:
+                raise InvalidInput(f"sampling_parameters.{key}", f"does not apply to Chatterbox; read: "
+                                                                  f"{', '.join(allowed)}")
+        out = asdict(Sampling())
+        for key, (low, high) in SAMPLING_RANGES.items():
+            value = raw.get(key, out[key])
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise InvalidInput(f"sampling_parameters.{key}", f"expected a number in [{low}, {high}], got {value!r}")
+            out[key] = float(value)
+        limit = self.params.max_tokens
+        out["max_tokens"] = raw.get("max_tokens", limit)
+        if isinstance(out["max_tokens"], bool) or not isinstance(out["max_tokens"], int) or \
+                not 1 <= out["max_tokens"] <= limit:
+            raise InvalidInput("sampling_parameters.max_tokens", f"expected an integer in [1, {limit}], got "
+                                                                 f"{out['max_tokens']!r}")
+        seed = raw.get("seed")
+        if seed is None:
+            seed = random.randrange(2 ** 31)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise InvalidInput("sampling_parameters.seed", f"expected an integer >= 0, got {seed!r}")
+        return seed, out
+
+    def one(self, req: Request) -> dict:
+        speech = parse_speech(req, [DEFAULT_VOICE], DEFAULT_VOICE, self.params.max_text_chars)
+        reject_reference(req, [DEFAULT_VOICE])
+        seed, sampling = self.sampling(req)
+        ids = self.tokenizer.ids(speech.text)
+        if len(ids) > 2048 + 2:                                   # T3's text position table
+            raise InvalidInput("text", f"is too long: {len(ids) - 2} text tokens; at most 2048")
+        return {"text_ids": np.asarray(ids, dtype=np.int32), "sampling": string_array(json.dumps(sampling)),
+                "speech": Speech(seed, speech.response_format, speech.stream).tensor()}
+
+
+@dataclass
+class ChatterboxT3Params:
+    checkpoint: str = ""
+    dtype: str = "float32"
+
+
+@register("chatterbox_t3")
+class ChatterboxT3(Step):
+    inputs = (
+        TensorSpec("text_ids", "TYPE_INT32", (-1,), ragged=True),
+        TensorSpec("sampling", "TYPE_STRING", (1,)),
+        SPEECH,
+    )
+    outputs = (
+        TensorSpec("speech_tokens", "TYPE_INT32", (-1,)),
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        SPEECH,
+    )
+    Params = ChatterboxT3Params
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        folder = checkpoint_folder(ctx, self.params.checkpoint)
+        self.model = T3.load(folder, ctx.device, torch_dtype(self.params.dtype))
+        self.voice, _ = load_voice(folder)
+
+    def job(self, req: Request) -> T3Job:
+        ids = as_numpy(req.get("text_ids")).astype(np.int64).reshape(-1).tolist()
+        raw = req.json("sampling") or {}
+        max_tokens = int(raw.pop("max_tokens", 1000))
+        return T3Job(ids, Sampling(**raw), Speech.from_request(req).seed, max_tokens)
+
+    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
+        results: list[dict | BaseException | None] = [None] * len(requests)
+        slots, jobs = [], []
+        for slot, req in enumerate(requests):
+            try:
+                jobs.append(self.job(req))
+                slots.append(slot)
+            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                results[slot] = exc
+        if jobs:
+            try:
+                for slot, (tokens, reason) in zip(slots, generate_tokens(self.model, self.voice, jobs)):
+                    results[slot] = {"speech_tokens": np.asarray(tokens, dtype=np.int32),
+                                     "finish_reason": string_array(reason), "speech": requests[slot].get("speech")}
+            except Exception as exc:  # noqa: BLE001
+                for slot in slots:
+                    results[slot] = exc
+        return results
+
+
+@dataclass
+class ChatterboxS3GenParams:
+    checkpoint: str = ""
+    dtype: str = "float32"
+    cfm_steps: int = CFM_STEPS         # flow-matching Euler steps (the package's 10)
+
+
+@register("chatterbox_s3gen")
+class ChatterboxS3Gen(Step):
+    inputs = (
+        TensorSpec("speech_tokens", "TYPE_INT32", (-1,), ragged=True),
+        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        SPEECH,
+    )
+    outputs = AUDIO_CHUNK_OUTPUTS
+    Params = ChatterboxS3GenParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        folder = checkpoint_folder(ctx, self.params.checkpoint)
+        self.model = S3Gen.load(folder, ctx.device, torch_dtype(self.params.dtype))
+        _, self.ref = load_voice(folder)
+
+    def one(self, req: Request) -> dict:
+        tokens = torch.from_numpy(as_numpy(req.get("speech_tokens")).astype(np.int64).reshape(-1))
+        if tokens.numel():
+            wave = self.model.synthesize(tokens, self.ref, Speech.from_request(req).seed, self.params.cfm_steps).numpy()
+        else:
+            wave = np.zeros(0, np.float32)          # T3 stopped at once: no speech
+        return {"waveform": wave, "sample_rate": np.asarray([SAMPLE_RATE], np.int32),
+                "finish_reason": req.get("finish_reason"), "speech": req.get("speech")}
