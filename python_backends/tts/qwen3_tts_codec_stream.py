@@ -18,6 +18,8 @@ state's few samples, whatever the stream's length; the window approach (`ChunkPl
 
 `StreamState` holds a batch of streams (rows); `StreamState.stack` / `split` move between one state per
 stream and a batch, so streams at different points decode together (the rows only have to share T).
+The served codec step (python_backends/tts/qwen3_tts_serve.py) keeps every live stream's state as a row
+of one preallocated state instead: `select` gathers a call's rows, `put` writes them back.
 At the release size a stream's state is ~5 MB in float32, nearly all of it the transformer's keys/values.
 """
 from __future__ import annotations
