@@ -26,7 +26,6 @@ of 2048, talker vocab 3072 with the control/speaker ids above 2048, 1920 samples
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -335,22 +334,3 @@ def qwen3_tts(out: Path, variant: str = "0b6", seed: int = 31, base: bool = Fals
 
 BUILDERS: dict = {"qwen3_tts": qwen3_tts, "qwen3_tts_1b7": lambda out: qwen3_tts(out, "1b7", seed=37),
                   "qwen3_tts_base": lambda out: qwen3_tts(out, seed=41, base=True)}
-
-
-def build(root: str | Path, names: list[str] | None = None) -> dict[str, Path]:
-    """Build (or reuse) the tiny Qwen3-TTS folders under root/<name>, stamped as converters.tiny.build
-    stamps them (so both agree once BUILDERS is listed in converters.tiny.builders())."""
-    from converters.tiny import _stamp
-
-    root = Path(root)
-    done = {}
-    for name in names or list(BUILDERS):
-        out = root / name
-        stamp = out / ".tiny-version"
-        if not (stamp.exists() and stamp.read_text() == _stamp(BUILDERS[name])):
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir(parents=True)
-            BUILDERS[name](out)
-            stamp.write_text(_stamp(BUILDERS[name]))
-        done[name] = out
-    return done

@@ -27,6 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from perf_analyzer_configs.merge import merge_parts  # noqa: E402
+
 QWEN3_COMMON = dict(model_type="qwen3", vocab_size=151936, head_dim=128, max_position_embeddings=40960,
                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
                     bos_token_id=151643, eos_token_id=151645)
@@ -446,16 +448,8 @@ def main() -> int:
     ap.add_argument("--note", action="append", help="a note for the results table (with --merge)")
     args = ap.parse_args()
     if args.merge:
-        parts = [json.loads(p.read_text()) for p in args.merge]
-        rows = []
-        for part in parts:
-            for r in part["results"]:
-                r.setdefault("command", part.get("command") or part["commands"][0])
-                rows = [x for x in rows if (x["model"], x["mode"], x["concurrency"]) !=
-                        (r["model"], r["mode"], r["concurrency"])] + [r]
+        parts, rows, args.note = merge_parts(args.merge, ("model", "mode", "concurrency"), args.note)
         first = parts[0]
-        # the merged files' notes are kept, then the new ones
-        args.note = list(dict.fromkeys([n for part in parts for n in part.get("notes", [])] + (args.note or [])))
         args.prompt_len, args.output_len, args.dtype = first["prompt_len"], first["output_len"], first["dtype"]
         write_results(rows, args, first["copy_bandwidth_GBps"] * 1e9, args.out, first["gpu"], first["versions"],
                       max(p["date"] for p in parts))

@@ -35,6 +35,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import python_backends.image.denoise  # noqa: E402
+from perf_analyzer_configs.merge import merge_parts  # noqa: E402
 import python_backends.image.text_encoder  # noqa: E402
 import python_backends.image.vae  # noqa: E402
 from converters.schema import load_ensemble  # noqa: E402
@@ -501,12 +502,8 @@ def main() -> int:
                       "per image and transformer call")
         return 0
     if args.merge:
-        parts, rows = [json.loads(p.read_text()) for p in args.merge], {}
-        for r in (r for part in parts for r in part["results"]):
-            rows.pop((r["model"], r["size"], r["mode"], r["concurrency"]), None)
-            rows[(r["model"], r["size"], r["mode"], r["concurrency"])] = r
-        notes = list(dict.fromkeys([n for p in parts for n in p.get("notes", [])] + args.note))
-        write_results(list(rows.values()), args.out, parts[0]["matmul_tflops"], parts[0]["gpu"], parts[0]["versions"],
+        parts, rows, notes = merge_parts(args.merge, ("model", "size", "mode", "concurrency"), args.note)
+        write_results(rows, args.out, parts[0]["matmul_tflops"], parts[0]["gpu"], parts[0]["versions"],
                       max(p["date"] for p in parts), notes)
         print(args.out.with_suffix(".md").read_text())
         return 0

@@ -59,6 +59,7 @@ import torch  # noqa: E402
 
 from converters.tiny_tts import KOKORO_TINY_CONFIG, KOKORO_VOCAB, SNAC_TINY_CONFIG, snac_24khz  # noqa: E402
 from perf_analyzer_configs.bench_ar_decode import percentile  # noqa: E402
+from perf_analyzer_configs.merge import merge_parts  # noqa: E402
 from python_backends.runtime.step import Request, ResponseSink, string_array  # noqa: E402
 
 TEXT = ("The quick brown fox jumps over the lazy dog near the river, while seven small birds sing "
@@ -568,14 +569,10 @@ def main() -> int:
     ap.add_argument("--note", action="append", default=[], help="a note for the results")
     args = ap.parse_args()
     if args.merge:
-        parts, rows = [json.loads(p.read_text()) for p in args.merge], {}
-        for r in (r for part in parts for r in part["results"]):
-            rows.pop((r["model"], r["mode"], r["concurrency"]), None)
-            rows[(r["model"], r["mode"], r["concurrency"])] = r
+        parts, rows, notes = merge_parts(args.merge, ("model", "mode", "concurrency"), args.note)
         args.audio_tokens = parts[0]["audio_tokens"]
         args.audio_frames = next((p["audio_frames"] for p in parts if "audio_frames" in p), args.audio_frames)
-        notes = list(dict.fromkeys([n for p in parts for n in p.get("notes", [])] + args.note))
-        write_results(list(rows.values()), args.out, args, parts[0]["gpu"], parts[0]["versions"],
+        write_results(rows, args.out, args, parts[0]["gpu"], parts[0]["versions"],
                       max(p["date"] for p in parts), notes)
         print(args.out.with_suffix(".md").read_text())
         return 0

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import torch
 
-from converters.tiny_qwen3_tts import build
+from converters.tiny import build
+from converters.tiny_qwen3_tts import BUILDERS
 from python_backends.text.tokenizer import load_tokenizer
 from python_backends.tts.qwen3_tts import (Qwen3TTS, SubtalkerSampler, assistant_text, bind_cache, generate_codes,
                                            instruct_text, load_qwen3_tts, prefill)
@@ -58,7 +59,7 @@ CODEC_CODES = {"pair": [_random_codes(40, 1), _random_codes(25, 2)], "long": [_r
 
 @pytest.fixture(scope="module")
 def folders() -> dict[str, Path]:
-    return build(ROOT / "checkpoints" / "tiny")
+    return build(ROOT / "checkpoints" / "tiny", list(BUILDERS))
 
 
 @pytest.fixture(scope="module", params=VARIANTS)

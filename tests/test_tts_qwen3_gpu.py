@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from converters.tiny_qwen3_tts import build
+from converters.tiny import build
 from python_backends.tts.qwen3_tts import assistant_text, bind_cache, load_qwen3_tts, prefill
 from python_backends.tts.qwen3_tts_codec import load_codec
 from tests.test_tts_qwen3 import ROOT, VARIANTS, _random_codes
@@ -26,7 +26,7 @@ def kernels_on():
 
 @pytest.fixture(scope="module", params=VARIANTS)
 def folder(request):
-    return build(ROOT / "checkpoints" / "tiny")[request.param]
+    return build(ROOT / "checkpoints" / "tiny", [request.param])[request.param]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
