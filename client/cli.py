@@ -97,7 +97,7 @@ def speech(args) -> int:
     ref_audio = args.reference_audio.read_bytes() if args.reference_audio else None
     sampling = {"seed": args.seed} if args.seed is not None else None
     common = dict(voice=args.voice, speed=args.speed, sampling=sampling, reference_audio=ref_audio,
-                  reference_text=args.reference_text)
+                  reference_text=args.reference_text, instructions=args.instructions, language=args.language)
     out = args.out or Path(f"speech.{'pcm' if args.stream else args.format}")
     if args.stream:
         # Raw PCM as it is synthesized: the file grows while the model speaks.
@@ -198,6 +198,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--reference-audio", type=Path, default=None, help="audio file of the voice to clone")
     s.add_argument("--reference-text", default=None, help="what the reference audio says")
+    s.add_argument("--instructions", default=None, help="how to speak (models that take instructions)")
+    s.add_argument("--language", default=None, help="the text's language (models that take one; default auto)")
     s.add_argument("--stream", action="store_true", help="write raw PCM (s16le mono) as it is synthesized")
     s.set_defaults(run=speech)
 

@@ -30,13 +30,15 @@ class SpeechClient:
     @staticmethod
     def values(text_in: str, voice: str | None = None, response_format: str = "wav", stream: bool = False,
                speed: float | None = None, sampling: dict[str, Any] | None = None,
-               reference_audio: bytes | None = None, reference_text: str | None = None) -> dict:
+               reference_audio: bytes | None = None, reference_text: str | None = None,
+               instructions: str | None = None, language: str | None = None) -> dict:
         """The request tensors of the speech contract (ensemble_configs/README.md)."""
         if response_format not in FORMATS:
             raise ValueError(f"response_format must be one of {', '.join(FORMATS)}, got {response_format!r}")
         return {"text": (text_in, "BYTES"), "voice": (voice, "BYTES"), "response_format": (response_format, "BYTES"),
                 "stream": (stream, "BOOL"), "speed": (speed, "FP32"), "sampling_parameters": (sampling, "BYTES"),
-                "reference_audio": (reference_audio, "BYTES"), "reference_text": (reference_text, "BYTES")}
+                "reference_audio": (reference_audio, "BYTES"), "reference_text": (reference_text, "BYTES"),
+                "instructions": (instructions, "BYTES"), "language": (language, "BYTES")}
 
     def stream(self, model: str, text_in: str, **kwargs) -> Iterator[SpeechAudio]:
         """Raw PCM (s16le, mono) chunks as they are synthesized. Closing early cancels the request."""

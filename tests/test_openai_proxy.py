@@ -405,6 +405,15 @@ def test_speech_pcm_streams_raw_bytes_with_headers(fake):
                      "speed": "FP32", "sampling_parameters": "BYTES"}
 
 
+def test_speech_instructions_and_language_reach_the_model(fake):
+    sdk, gw, _ = fake
+    sdk.audio.speech.create(model="fake_tts", input="Hello", voice="tara", response_format="wav",
+                            instructions="Speak slowly.", extra_body={"language": "German"}).read()
+    _, values, types = last_call(gw)
+    assert (values["instructions"], values["language"]) == ("Speak slowly.", "German")
+    assert types["instructions"] == types["language"] == "BYTES"
+
+
 def test_speech_sse_events(fake):
     sdk, gw, _ = fake
     with sdk.audio.speech.with_streaming_response.create(model="fake_tts", input="Hello", voice="tara",

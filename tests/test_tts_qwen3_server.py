@@ -61,21 +61,23 @@ def test_streamed_chunks_equal_the_non_streamed_audio(server):
     assert other != pcm and len(other) == len(pcm)
 
 
-def test_wav_equals_the_in_process_talker_and_codec(server, tiny_checkpoints):
+@pytest.mark.parametrize("language", [None, "German"])
+def test_wav_equals_the_in_process_talker_and_codec(server, tiny_checkpoints, language):
     from python_backends.text.tokenizer import load_tokenizer
     from python_backends.tts.qwen3_tts import assistant_text, generate_codes, load_qwen3_tts
     from python_backends.tts.qwen3_tts_codec import load_codec
 
     text, frames = "The quick brown fox jumps over the lazy dog.", 16
+    chosen = {"language": language} if language else {}
     (wav, rate, reason), = speak(server, text, {"temperature": 0, "max_tokens": frames}, voice="vivian",
-                                 response_format="wav")
+                                 response_format="wav", **chosen)
     back, wav_rate = audio.decode(wav)
     assert rate == wav_rate == 24000 and reason == "length"
 
     folder = tiny_checkpoints[MODEL]
     model, tokenizer = load_qwen3_tts(folder), load_tokenizer(folder)
     with torch.no_grad():
-        prompt = model.build_prompt(tokenizer(assistant_text(text))["input_ids"], "auto", "vivian")
+        prompt = model.build_prompt(tokenizer(assistant_text(text))["input_ids"], language or "auto", "vivian")
     codes = generate_codes(model, [prompt], frames)[0]            # greedy, the reference's loop
     assert codes.shape == (frames, 16)
     want = load_codec(folder).decode_window(codes[None])[0].numpy()   # one window over the whole utterance
@@ -119,6 +121,8 @@ BAD = [
     ("text far too long", {"text": "x" * 5000}, "field 'text': is too long: 5000 characters"),
     ("max_tokens above context", {"sampling": {"max_tokens": 5000}}, "field 'sampling_parameters.max_tokens'"),
     ("stop", {"sampling": {"stop": ["x"]}}, "field 'sampling_parameters.stop'"),
+    ("unknown language", {"language": "klingon"}, "field 'language': unknown language 'klingon'"),
+    ("instructions on a 0.6B", {"instructions": "Speak slowly."}, "field 'instructions': this model takes no"),
 ]
 
 

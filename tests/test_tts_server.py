@@ -176,6 +176,8 @@ BAD = [
     ("reference audio", {"reference_audio": "RIFF0000WAVE"}, "field 'reference_audio'"),
     ("sampling not JSON", {"sampling": "{oops"}, "field 'sampling_parameters': not valid JSON"),
     ("max_tokens above context", {"sampling": {"max_tokens": 5000}}, "field 'sampling_parameters.max_tokens'"),
+    ("instructions", {"instructions": "whisper"}, "field 'instructions': this model takes no instructions"),
+    ("language", {"language": "english"}, "field 'language': this model takes no language choice"),
 ]
 
 

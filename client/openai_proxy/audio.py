@@ -80,7 +80,10 @@ async def speech(request: Request):
 
     live = fmt == "pcm"           # the model streams PCM only; files come whole
     values = {"text": (text_in, "BYTES"), "response_format": (fmt, "BYTES"), "stream": (live, "BOOL"),
-              "speed": (speed, "FP32"), "sampling_parameters": (sampling, "BYTES"), **voice}
+              "speed": (speed, "FP32"), "sampling_parameters": (sampling, "BYTES"), **voice,
+              # how to speak (OpenAI's field), and the text's language (an extension); a model without
+              # them refuses them, naming the field
+              "instructions": (body.string("instructions"), "BYTES"), "language": (body.string("language"), "BYTES")}
     replies = proxy.gateway.stream(model.name, values, request.is_disconnected, speech_param)
     head = await first_response(replies)
     rate = int(first(head, "sample_rate", 0))

@@ -385,23 +385,10 @@ class Qwen3TTS(nn.Module):
         return sorted((self.config.raw["talker_config"].get("spk_id") or {}).keys())
 
     def languages(self) -> list[str]:
-        ids = self.config.raw["talker_config"].get("codec_language_id") or {}
-        return ["auto"] + sorted(k for k in ids if "dialect" not in k)
+        return languages(self.config.raw["talker_config"])
 
     def language_id(self, language: str, speaker: str | None) -> int | None:
-        """The codec id of the language tag (None for auto); a dialect speaker speaking Chinese (or
-        auto) gets the dialect's tag, as the reference does."""
-        tc = self.config.raw["talker_config"]
-        lang = (language or "auto").lower()
-        table = tc.get("codec_language_id") or {}
-        if lang != "auto" and lang not in table:
-            raise ValueError(f"language {language!r} is not supported; supported: {self.languages()}")
-        lid = None if lang == "auto" else table[lang]
-        if lang in ("chinese", "auto") and speaker:
-            dialect = (tc.get("spk_is_dialect") or {}).get(speaker.lower(), False)
-            if dialect:
-                lid = table[dialect]
-        return lid
+        return language_id(self.config.raw["talker_config"], language, speaker)
 
     def speaker_embed(self, speaker: str) -> torch.Tensor:
         table = self.config.raw["talker_config"].get("spk_id") or {}
@@ -468,6 +455,27 @@ class Qwen3TTS(nn.Module):
             parts.append(P(ids[3:4]) + codec[-1])
             trailing = torch.cat([P(ids[4:-5]), tts_eos[None]])
         return TalkerPrompt(torch.cat(parts), trailing, tts_pad)
+
+
+def languages(talker_config: dict) -> list[str]:
+    """The language names a checkpoint takes: auto and its language tags (a dialect comes with its speaker)."""
+    ids = talker_config.get("codec_language_id") or {}
+    return ["auto"] + sorted(k for k in ids if "dialect" not in k)
+
+
+def language_id(talker_config: dict, language: str, speaker: str | None) -> int | None:
+    """The codec id of the language tag (None for auto); a dialect speaker speaking Chinese (or auto)
+    gets the dialect's tag, as the reference does."""
+    lang = (language or "auto").lower()
+    table = talker_config.get("codec_language_id") or {}
+    if lang != "auto" and lang not in table:
+        raise ValueError(f"language {language!r} is not supported; supported: {languages(talker_config)}")
+    lid = None if lang == "auto" else table[lang]
+    if lang in ("chinese", "auto") and speaker:
+        dialect = (talker_config.get("spk_is_dialect") or {}).get(speaker.lower(), False)
+        if dialect:
+            lid = table[dialect]
+    return lid
 
 
 def assistant_text(text: str) -> str:

@@ -40,7 +40,8 @@ ICL voice clones: the package decodes the clip's codes followed by the new frame
 audio off. The talker's first response starts with the clip's frames (frames -len(clip)..-1); the codec
 decodes them first, from a fresh state, and keeps the state, not their audio.
 
-Not here: instructions (VoiceDesign / 1.7B CustomVoice instruct), a language choice (the talker's `auto`).
+Requests may choose the text's `language` (else auto, the talker's guess) and, on a 1.7B CustomVoice
+checkpoint, give `instructions` (how to speak). Not here: VoiceDesign checkpoints.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from python_backends.text.tokenizer import load_tokenizer
 from python_backends.tts.chunking import ChunkPlan
-from python_backends.tts.qwen3_tts import assistant_text, reference_text
+from python_backends.tts.qwen3_tts import assistant_text, instruct_text, language_id, languages, reference_text
 from python_backends.tts.qwen3_tts_codec import load_codec
 from python_backends.tts.qwen3_tts_codec_stream import StreamingDecoder
 from python_backends.tts.qwen3_tts_steps import (REFERENCE_REPETITION_PENALTY, REFERENCE_SAMPLING, TalkerFrames,
@@ -97,6 +98,8 @@ class Qwen3TTSPre(Step):
     outputs = (
         TensorSpec("input_ids", "TYPE_INT32", (-1,)),
         TensorSpec("speaker", "TYPE_STRING", (1,)),
+        TensorSpec("language", "TYPE_STRING", (1,)),
+        TensorSpec("instruct_ids", "TYPE_INT32", (-1,)),       # tokens of instruct_text(instructions); [] for none
         TensorSpec("sampling", "TYPE_STRING", (1,)),
         SPEECH,
         # a Base checkpoint's cloned voice (empty otherwise): x-vector [H]; with reference_text, the
@@ -125,13 +128,18 @@ class Qwen3TTSPre(Step):
             raise ValueError(f"default_voice {self.params.default_voice!r} is not among {self.voices}")
         self.tokenizer = load_tokenizer(folder)
         self.text_vocab = self.config["text_vocab_size"]
+        self.languages = languages(self.config)
+        # instructions: the 1.7B CustomVoice release (the reference drops them for 0.6B, and voice
+        # clones have none): refused where they would be ignored
+        self.takes_instructions = self.cloner is None and raw.get("tts_model_size") != "0b6"
 
-    def prompt_len(self, speaker: str) -> int:
-        """Positions of the talker's prompt (Qwen3TTS.build_prompt, streaming text, no instruction):
-        3 role tokens + the codec prefix (3, or 4 with a language tag: a dialect speaker's under
-        `auto`) + speaker + pad + bos; the text then streams one token per frame."""
-        dialect = (self.config.get("spk_is_dialect") or {}).get(speaker, False)
-        return ROLE_TOKENS + (4 if dialect else 3) + 3
+    def prompt_len(self, speaker: str, language: str, instruct_tokens: int) -> int:
+        """Positions of the talker's prompt (Qwen3TTS.build_prompt, streaming text): the instruction's
+        tokens + 3 role tokens + the codec prefix (3, or 4 with a language tag: a language chosen, or a
+        dialect speaker's under auto / Chinese) + speaker + pad + bos; the text then streams one token
+        per frame."""
+        tagged = language_id(self.config, language or "auto", speaker) is not None
+        return instruct_tokens + ROLE_TOKENS + (4 if tagged else 3) + 3
 
     def sampling(self, req: Request, prompt_len: int, text_len: int) -> dict:
         raw = req.json(SAMPLING) or {}
@@ -170,11 +178,13 @@ class Qwen3TTSPre(Step):
     def one(self, req: Request) -> dict:
         p = self.params
         default = p.default_voice.lower() if self.voices else ""
-        speech = parse_speech(req, self.voices, default, p.max_text_chars)
+        speech = parse_speech(req, self.voices, default, p.max_text_chars, languages=self.languages,
+                              instructions=self.takes_instructions)
         clone = self.clone(req)
         ids = self.tokenizer(assistant_text(speech.text))["input_ids"]
+        instruct = self.tokenizer(instruct_text(speech.instructions))["input_ids"] if speech.instructions else []
         text_len = len(ids) - ROLE_TOKENS - CLOSING_TOKENS
-        prompt_len = self.prompt_len(speech.voice)
+        prompt_len = self.prompt_len(speech.voice, speech.language, len(instruct))
         frames = clone["ref_codes"].size // self.config["num_code_groups"]
         if frames:                      # ICL: [bos, reference frames] under transcript + text + eos; the rest streams
             prompt_len += frames
@@ -189,6 +199,8 @@ class Qwen3TTSPre(Step):
         sampling = self.sampling(req, prompt_len, text_len)
         return {"input_ids": np.asarray(ids, dtype=np.int32),
                 "speaker": string_array(speech.voice),
+                "language": string_array(speech.language or "auto"),
+                "instruct_ids": np.asarray(instruct, dtype=np.int32),
                 "sampling": string_array(json.dumps(sampling)),
                 "speech": Speech(sampling["seed"], speech.response_format, speech.stream).tensor(), **clone}
 
@@ -240,9 +252,9 @@ class FrameChunkSink(ResponseSink):
 
 @register("qwen3_tts_talker")
 class Qwen3TTSTalker(TalkerFrames):
-    # what pre sends (and `stream`, the ensemble's): no language / instruction / non_streaming inputs, so
-    # the ensemble exposes only the speech route's tensors
-    inputs = tuple(s for s in TalkerFrames.inputs if s.name not in ("instruct_ids", "language", "non_streaming"))
+    # what pre sends (and `stream`, the ensemble's): no non_streaming input (streamed and non-streamed
+    # requests share one prompt layout, so their audio is equal)
+    inputs = tuple(s for s in TalkerFrames.inputs if s.name != "non_streaming")
     outputs = (
         TensorSpec("codes", "TYPE_INT32", (-1,)),             # [frames * N]: whole chunks of new frames
         TensorSpec("stream_id", "TYPE_STRING", (1,)),         # the codec keeps the stream's decoder state under it

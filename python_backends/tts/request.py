@@ -26,6 +26,8 @@ SPEECH_INPUTS = (
     TensorSpec("sampling_parameters", "TYPE_STRING", (1,), optional=True),
     TensorSpec("reference_audio", "TYPE_STRING", (1,), optional=True),
     TensorSpec("reference_text", "TYPE_STRING", (1,), optional=True),
+    TensorSpec("instructions", "TYPE_STRING", (1,), optional=True),   # how to speak (OpenAI's field)
+    TensorSpec("language", "TYPE_STRING", (1,), optional=True),       # the text's language ("auto": the model's guess)
 )
 SPEECH = TensorSpec("speech", "TYPE_STRING", (1,))
 # what the step before speech_post hands on: a chunk (or the whole) of a request's audio
@@ -62,12 +64,17 @@ class SpeechInput:
     response_format: str
     stream: bool
     speed: float
+    language: str = ""              # one of the model's languages, lower case; "" when not given
+    instructions: str = ""
 
 
 def parse_speech(req: Request, voices: list[str], default_voice: str, max_text_chars: int,
-                 speeds: tuple[float, float] = (1.0, 1.0)) -> SpeechInput:
+                 speeds: tuple[float, float] = (1.0, 1.0), languages: list[str] = (),
+                 instructions: bool = False) -> SpeechInput:
     """The common speech inputs, checked. `speeds`: the range this model can speak at. No `voices`: a
-    model that only clones voices (`voice` must then be left out; the returned voice is "")."""
+    model that only clones voices (`voice` must then be left out; the returned voice is "").
+    `languages`: the language names the model takes (none: `language` is refused, not ignored);
+    `instructions`: whether it takes instructions (if not, they are refused)."""
     text = req.string("text")
     if text is None or not text.strip():
         raise InvalidInput("text", "is empty")
@@ -88,7 +95,17 @@ def parse_speech(req: Request, voices: list[str], default_voice: str, max_text_c
     if not speeds[0] <= speed <= speeds[1]:
         raise InvalidInput("speed", f"this model speaks at {speeds[0]}" if speeds[0] == speeds[1]
                            else f"this model speaks at speeds in [{speeds[0]}, {speeds[1]}]")
-    return SpeechInput(text, voice, fmt, bool(req.scalar("stream", False)), speed)
+    language = (req.string("language") or "").strip().lower()
+    if language and not languages:
+        raise InvalidInput("language", f"this model takes no language choice (got {language!r})")
+    if language and language not in [x.lower() for x in languages]:
+        raise InvalidInput("language", f"unknown language {language!r}; known: {', '.join(languages)}")
+    instruct = (req.string("instructions") or "").strip()
+    if instruct and not instructions:
+        raise InvalidInput("instructions", "this model takes no instructions")
+    if len(instruct) > max_text_chars:
+        raise InvalidInput("instructions", f"is too long: {len(instruct)} characters; at most {max_text_chars}")
+    return SpeechInput(text, voice, fmt, bool(req.scalar("stream", False)), speed, language, instruct)
 
 
 def parse_reference(req: Request, rate: int, min_seconds: float, max_seconds: float) -> tuple[np.ndarray, str]:
