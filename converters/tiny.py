@@ -102,12 +102,13 @@ def _chat_builder(make):
 def builders() -> dict:
     from converters.tiny_chatterbox import BUILDERS as CHATTERBOX
     from converters.tiny_image import BUILDERS as IMAGE
+    from converters.tiny_joyimage import BUILDERS as JOYIMAGE
     from converters.tiny_omnivoice import BUILDERS as OMNIVOICE
     from converters.tiny_qwen3_tts import BUILDERS as QWEN3_TTS
     from converters.tiny_tts import BUILDERS as TTS
 
-    return {"qwen3": _chat_builder(qwen3), "qwen3_5": _chat_builder(qwen3_5), **TTS, **QWEN3_TTS, **IMAGE, **OMNIVOICE,
-            **CHATTERBOX}
+    return {"qwen3": _chat_builder(qwen3), "qwen3_5": _chat_builder(qwen3_5), **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE,
+            **OMNIVOICE, **CHATTERBOX}
 
 
 def _stamp(builder) -> str:

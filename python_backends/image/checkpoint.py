@@ -7,6 +7,7 @@ Nothing here downloads; the folder must be complete.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,38 @@ def load_component(folder: Path, name: str, dtype: str = "float32", device: str 
     path = str(folder / name)
     if library == "transformers":
         model = cls.from_pretrained(path, dtype=torch_dtype(dtype), local_files_only=True)
+    elif getattr(cls, "_keep_in_fp32_modules", None):
+        # diffusers keeps these modules in float32 only when it loads through accelerate.
+        if importlib.util.find_spec("accelerate") is None:
+            model = _load_keeping_fp32_modules(cls, folder / name, dtype)
+        else:
+            model = cls.from_pretrained(path, torch_dtype=torch_dtype(dtype), local_files_only=True)
     else:
         model = cls.from_pretrained(path, torch_dtype=torch_dtype(dtype), low_cpu_mem_usage=False,
                                     local_files_only=True)
     return model.to(device).eval()
+
+
+def _load_keeping_fp32_modules(cls, path: Path, dtype: str):
+    """A diffusers model that names modules to keep in float32 (`_keep_in_fp32_modules`, e.g. the
+    JoyImage transformer): diffusers loads those only through accelerate, which this environment does
+    not have, so build it from its config, load the safetensors shards, and cast as diffusers would
+    (everything to `dtype` except parameters whose names hold one of those module names)."""
+    import torch
+    from safetensors.torch import load_file
+
+    model = cls.from_config(cls.load_config(str(path)))
+    index = path / "diffusion_pytorch_model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
+        else ["diffusion_pytorch_model.safetensors"]
+    state = {}
+    for f in files:
+        state.update(load_file(str(path / f)))
+    model.load_state_dict(state, strict=True)
+    keep = tuple(cls._keep_in_fp32_modules)
+    for name, p in model.named_parameters():
+        p.data = p.data.to(torch.float32 if any(k in name for k in keep) else torch_dtype(dtype))
+    return model
 
 
 def load_scheduler(folder: Path):
