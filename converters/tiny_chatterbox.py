@@ -19,8 +19,11 @@ are built with 512 channels) and its 4 upsampled layers, 80 mel bins, the estima
 the speaker embedding sizes (256 for T3, 192 for S3Gen), the text / speech vocabularies (704 / 8194,
 6561 S3 tokens), the position tables, HiFT's rates (24 kHz, 480 samples a mel frame), the voice encoder.
 Weights are written by python_backends/tts/chatterbox*.py's modules, whose parameter names are the
-package's; the S3 tokenizer and x-vector encoder weights are left out (the package loads s3gen with
-strict=False; only voice cloning uses them).
+package's. s3gen.safetensors also holds the S3 speech tokenizer (`tokenizer.*`: s3tokenizer's encoder at
+ModelConfig sizes n_audio_state 128, 2 heads of 64 (the rotary width is fixed at 64), 1 layer; 128 mels,
+FSQ to 6561 ids) and the CAMPPlus x-vector encoder (`speaker_encoder.*`: growth_rate 8, bn_size 2,
+init_channels 32; the 80 fbank bins and the 192-d output stay), which voice cloning uses; their mel
+filter and window buffers are left out, as in the release (the package computes them).
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ TINY_CONFIG = {
         "decoder": dict(channels=[32], attention_head_dim=8, n_blocks=1, num_mid_blocks=1, num_heads=2),
         "hift": dict(base_channels=32),
         "f0_predictor": dict(cond_channels=16),
+        "tokenizer": dict(n_mels=128, n_audio_state=128, n_audio_head=2, n_audio_layer=1),
+        "xvector": dict(growth_rate=8, bn_size=2, init_channels=32),
     },
 }
 PROMPT_TOKENS, PROMPT_T3_TOKENS = 20, 150
@@ -73,6 +78,27 @@ def chatterbox_tokenizer(out: Path) -> None:
     tok.add_special_tokens([AddedToken(t, special=True) for t in
                             ("[STOP]", "[UNK]", "[SPACE]", "[START]", "[PAD]", "[SEP]", "[CLS]", "[MASK]")])
     tok.save(str(out / "tokenizer.json"))
+
+
+def voice_encoders(g: torch.Generator) -> dict[str, torch.nn.Module]:
+    """The S3 tokenizer and the x-vector encoder at the tiny sizes, random; batch-norm statistics that are
+    not the identity, FSQ projections large enough that every digit takes all three values."""
+    from python_backends.tts.chatterbox_voice import CAMPPlus, S3Tokenizer
+
+    sizes = TINY_CONFIG["s3gen"]
+    tokenizer, xvector = S3Tokenizer(**sizes["tokenizer"]), CAMPPlus(**sizes["xvector"])
+    with torch.no_grad():
+        for p in tokenizer.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        tokenizer.quantizer._codebook.project_down.weight.mul_(4.0)
+        for m in xvector.modules():
+            if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+                m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=g))
+                m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g))
+                if m.affine:
+                    m.weight.copy_(1.0 + 0.1 * torch.randn(m.weight.shape, generator=g))
+                    m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
+    return {"tokenizer.": tokenizer, "speaker_encoder.": xvector}
 
 
 def chatterbox(out: Path, seed: int = 31) -> None:
@@ -100,7 +126,10 @@ def chatterbox(out: Path, seed: int = 31) -> None:
                                                                       for u in hift.ups]):
             p.copy_(0.01 * torch.randn(p.shape, generator=g))    # the package's init for these
         s3gen.flow.input_embedding.weight.normal_(0, 1, generator=g)
-    save_file({k: v.contiguous() for k, v in s3gen.state_dict().items()}, str(out / "s3gen.safetensors"))
+    state = dict(s3gen.state_dict())
+    for prefix, module in voice_encoders(g).items():
+        state.update({prefix + k: v for k, v in module.state_dict().items()})
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "s3gen.safetensors"))
 
     lstm, proj = torch.nn.LSTM(40, 256, num_layers=3, batch_first=True), torch.nn.Linear(256, 256)
     ve = {f"lstm.{k}": v for k, v in lstm.state_dict().items()}

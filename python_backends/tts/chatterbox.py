@@ -8,8 +8,9 @@ has one); `t3.llama` is the Llama config dict the package keeps in LLAMA_CONFIGS
 Perceiver's arguments.
 
 T3, as ChatterboxTTS.generate runs it:
-- the prompt is [speaker (1 position), the built-in voice's 150 prompt speech tokens resampled to 32 by a
-  perceiver, exaggeration (1)] + [start-of-text, text tokens, end-of-text] + [start-of-speech] twice (once
+- the prompt is [speaker (1 position), the voice's prompt speech tokens (150 for the built-in voice, at most
+  150 for a cloned one: python_backends/tts/chatterbox_voice.py) resampled to 32 by a perceiver,
+  exaggeration (1)] + [start-of-text, text tokens, end-of-text] + [start-of-speech] twice (once
   from the prompt's speech part, once as the first decode input); text and speech tokens carry learned
   position embeddings of their own. The Llama backbone itself is transformers' LlamaModel.
 - classifier-free guidance: a second row with the text embeddings zeroed (their position embeddings
@@ -177,6 +178,7 @@ class T3Job:
     sampling: Sampling
     seed: int
     max_new_tokens: int = 1000
+    voice: Voice | None = None         # this request's voice (cloned or built-in); None: generate_tokens' voice
 
 
 class T3(nn.Module):
@@ -274,13 +276,14 @@ def next_token(scores: torch.Tensor, temperature: float, gen: torch.Generator) -
 
 
 @torch.inference_mode()
-def generate_tokens(model: T3, voice: Voice, jobs: list[T3Job]) -> list[tuple[list[int], str]]:
+def generate_tokens(model: T3, voice: Voice | None, jobs: list[T3Job]) -> list[tuple[list[int], str]]:
     """Every job's speech tokens (control tokens dropped) and why it ended ("stop" or "length"), all jobs
-    in one loop: rows 2i / 2i+1 are job i's cond / uncond rows, left-padded to the longest prompt."""
+    in one loop: rows 2i / 2i+1 are job i's cond / uncond rows, left-padded to the longest prompt (a cloned
+    voice's prompt may be shorter). `voice` serves the jobs that bring none."""
     from transformers import DynamicCache
 
     w = model.speech_head.weight
-    prompts = [model.prompt(voice, j.text_ids, j.sampling.exaggeration) for j in jobs]
+    prompts = [model.prompt(j.voice or voice, j.text_ids, j.sampling.exaggeration) for j in jobs]
     width = max(p.shape[1] for p in prompts)
     pads = [width - p.shape[1] for p in prompts for _ in range(2)]
     embeds = torch.cat([F.pad(r, (0, 0, width - r.shape[0], 0))[None] for p in prompts for r in p])

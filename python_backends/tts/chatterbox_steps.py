@@ -2,9 +2,11 @@
 python_backends/tts/chatterbox.py, chatterbox_s3gen.py).
 
 `chatterbox_pre`     speech inputs -> T3's text ids (normalised text between start / stop tokens), the
-                     sampling settings as JSON and `speech` (seed drawn here when absent). The voice is the
-                     checkpoint's built-in one (conds.pt); voice cloning is refused. Bad requests fail
-                     here, naming the field.
+                     sampling settings as JSON, `speech` (seed drawn here when absent) and the voice: the
+                     checkpoint's built-in one (conds.pt), or the voice of `reference_audio`, cloned here
+                     on the CPU (python_backends/tts/chatterbox_voice.py): T3's speaker embedding and
+                     prompt tokens, S3Gen's reference tokens, mel and x-vector. Bad requests fail here,
+                     naming the field.
 `chatterbox_t3`      every request of the batch in one decode loop (cond / uncond row pair per request,
                      left-padded prompts, transformers' KV cache); tokens come from the request's own
                      seeded generator, so they do not depend on the batch neighbours' draws.
@@ -27,10 +29,11 @@ from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, Step, StepContext, register, string_array
-from python_backends.tts.chatterbox import T3, Sampling, T3Job, TextTokenizer, generate_tokens, load_voice
-from python_backends.tts.chatterbox_s3gen import CFM_STEPS, SAMPLE_RATE, S3Gen
-from python_backends.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_speech, \
-    reject_reference
+from python_backends.tts.chatterbox import T3, Sampling, T3Job, TextTokenizer, Voice, generate_tokens, load_voice
+from python_backends.tts.chatterbox_s3gen import CFM_STEPS, MELS, SAMPLE_RATE, S3Gen
+from python_backends.tts.chatterbox_voice import VoiceCloner
+from python_backends.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_reference, \
+    parse_speech
 
 DEFAULT_VOICE = "default"
 # sampling_parameters keys read (generate()'s arguments; max_tokens as for the other talkers) and their ranges
@@ -52,11 +55,29 @@ def as_numpy(value) -> np.ndarray:
     return value.cpu().numpy() if hasattr(value, "cpu") else np.asarray(value)
 
 
+# the voice, pre -> t3 (speaker_emb, prompt_tokens) and pre -> s3gen (ref_*); ref_mel is [frames, 80] flattened
+T3_VOICE = (TensorSpec("speaker_emb", "TYPE_FP32", (-1,), ragged=True),
+            TensorSpec("prompt_tokens", "TYPE_INT32", (-1,), ragged=True))
+S3GEN_VOICE = (TensorSpec("ref_tokens", "TYPE_INT32", (-1,), ragged=True),
+               TensorSpec("ref_mel", "TYPE_FP32", (-1,), ragged=True),
+               TensorSpec("ref_embedding", "TYPE_FP32", (-1,), ragged=True))
+
+
+def voice_tensors(voice: Voice, ref: dict) -> dict[str, np.ndarray]:
+    f32 = lambda t: np.ascontiguousarray(as_numpy(t), dtype=np.float32).reshape(-1)  # noqa: E731
+    i32 = lambda t: np.ascontiguousarray(as_numpy(t), dtype=np.int32).reshape(-1)    # noqa: E731
+    return {"speaker_emb": f32(voice.speaker), "prompt_tokens": i32(voice.prompt_tokens),
+            "ref_tokens": i32(ref["prompt_token"]), "ref_mel": f32(ref["prompt_feat"]),
+            "ref_embedding": f32(ref["embedding"])}
+
+
 @dataclass
 class ChatterboxPreParams:
     checkpoint: str = ""
     max_text_chars: int = 4096
     max_tokens: int = 1000             # speech tokens per request (generate's max_new_tokens), 25 a second
+    min_reference_seconds: float = 0.5
+    max_reference_seconds: float = 30.0   # the voice encoder reads all of it (S3Gen 10 s, T3's tokens 6 s)
 
 
 @register("chatterbox_pre")
@@ -66,12 +87,34 @@ class ChatterboxPre(Step):
         TensorSpec("text_ids", "TYPE_INT32", (-1,)),
         TensorSpec("sampling", "TYPE_STRING", (1,)),
         SPEECH,
+        *(TensorSpec(t.name, t.dtype, t.dims) for t in T3_VOICE + S3GEN_VOICE),
     )
     Params = ChatterboxPreParams
 
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
-        self.tokenizer = TextTokenizer(checkpoint_folder(ctx, self.params.checkpoint) / "tokenizer.json")
+        folder = checkpoint_folder(ctx, self.params.checkpoint)
+        self.tokenizer = TextTokenizer(folder / "tokenizer.json")
+        self.default_voice = voice_tensors(*load_voice(folder))
+        try:
+            self.cloner, self.no_cloning = VoiceCloner(folder), ""
+        except (ValueError, KeyError, FileNotFoundError) as exc:      # a folder without the encoders' weights
+            self.cloner, self.no_cloning = None, str(exc)
+
+    def voice(self, req: Request) -> dict[str, np.ndarray]:
+        """The built-in voice, or the voice of `reference_audio` (a transcript is not used: refused)."""
+        if (req.string("reference_text") or "").strip():
+            raise InvalidInput("reference_text", "Chatterbox clones from the audio alone; leave the transcript out")
+        value = req.get("reference_audio")
+        if value is None:
+            return self.default_voice
+        if not value.size or not any(len(v or b"") for v in value.reshape(-1)):
+            raise InvalidInput("reference_audio", "is empty; leave it out for the built-in voice")
+        if self.cloner is None:
+            raise InvalidInput("reference_audio", f"this checkpoint cannot clone voices ({self.no_cloning})")
+        p = self.params
+        wave, _ = parse_reference(req, self.cloner.rate, p.min_reference_seconds, p.max_reference_seconds)
+        return voice_tensors(*self.cloner.clone(wave))
 
     def sampling(self, req: Request) -> tuple[int, dict]:
         raw = req.json("sampling_parameters") or {}
@@ -103,13 +146,12 @@ class ChatterboxPre(Step):
 
     def one(self, req: Request) -> dict:
         speech = parse_speech(req, [DEFAULT_VOICE], DEFAULT_VOICE, self.params.max_text_chars)
-        reject_reference(req, [DEFAULT_VOICE])
         seed, sampling = self.sampling(req)
         ids = self.tokenizer.ids(speech.text)
         if len(ids) > 2048 + 2:                                   # T3's text position table
             raise InvalidInput("text", f"is too long: {len(ids) - 2} text tokens; at most 2048")
         return {"text_ids": np.asarray(ids, dtype=np.int32), "sampling": string_array(json.dumps(sampling)),
-                "speech": Speech(seed, speech.response_format, speech.stream).tensor()}
+                "speech": Speech(seed, speech.response_format, speech.stream).tensor(), **self.voice(req)}
 
 
 @dataclass
@@ -124,6 +166,7 @@ class ChatterboxT3(Step):
         TensorSpec("text_ids", "TYPE_INT32", (-1,), ragged=True),
         TensorSpec("sampling", "TYPE_STRING", (1,)),
         SPEECH,
+        *T3_VOICE,
     )
     outputs = (
         TensorSpec("speech_tokens", "TYPE_INT32", (-1,)),
@@ -136,13 +179,14 @@ class ChatterboxT3(Step):
         super().__init__(ctx)
         folder = checkpoint_folder(ctx, self.params.checkpoint)
         self.model = T3.load(folder, ctx.device, torch_dtype(self.params.dtype))
-        self.voice, _ = load_voice(folder)
 
     def job(self, req: Request) -> T3Job:
         ids = as_numpy(req.get("text_ids")).astype(np.int64).reshape(-1).tolist()
         raw = req.json("sampling") or {}
         max_tokens = int(raw.pop("max_tokens", 1000))
-        return T3Job(ids, Sampling(**raw), Speech.from_request(req).seed, max_tokens)
+        voice = Voice(torch.from_numpy(as_numpy(req.get("speaker_emb")).astype(np.float32).reshape(1, -1)),
+                      torch.from_numpy(as_numpy(req.get("prompt_tokens")).astype(np.int64).reshape(1, -1)))
+        return T3Job(ids, Sampling(**raw), Speech.from_request(req).seed, max_tokens, voice)
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         results: list[dict | BaseException | None] = [None] * len(requests)
@@ -155,7 +199,7 @@ class ChatterboxT3(Step):
                 results[slot] = exc
         if jobs:
             try:
-                for slot, (tokens, reason) in zip(slots, generate_tokens(self.model, self.voice, jobs)):
+                for slot, (tokens, reason) in zip(slots, generate_tokens(self.model, None, jobs)):
                     results[slot] = {"speech_tokens": np.asarray(tokens, dtype=np.int32),
                                      "finish_reason": string_array(reason), "speech": requests[slot].get("speech")}
             except Exception as exc:  # noqa: BLE001
@@ -177,6 +221,7 @@ class ChatterboxS3Gen(Step):
         TensorSpec("speech_tokens", "TYPE_INT32", (-1,), ragged=True),
         TensorSpec("finish_reason", "TYPE_STRING", (1,)),
         SPEECH,
+        *S3GEN_VOICE,
     )
     outputs = AUDIO_CHUNK_OUTPUTS
     Params = ChatterboxS3GenParams
@@ -185,12 +230,15 @@ class ChatterboxS3Gen(Step):
         super().__init__(ctx)
         folder = checkpoint_folder(ctx, self.params.checkpoint)
         self.model = S3Gen.load(folder, ctx.device, torch_dtype(self.params.dtype))
-        _, self.ref = load_voice(folder)
 
     def one(self, req: Request) -> dict:
         tokens = torch.from_numpy(as_numpy(req.get("speech_tokens")).astype(np.int64).reshape(-1))
+        tensor = lambda name, dtype: torch.from_numpy(as_numpy(req.get(name)).astype(dtype))  # noqa: E731
+        ref = {"prompt_token": tensor("ref_tokens", np.int64).reshape(1, -1),
+               "prompt_feat": tensor("ref_mel", np.float32).reshape(1, -1, MELS),
+               "embedding": tensor("ref_embedding", np.float32).reshape(1, -1)}
         if tokens.numel():
-            wave = self.model.synthesize(tokens, self.ref, Speech.from_request(req).seed, self.params.cfm_steps).numpy()
+            wave = self.model.synthesize(tokens, ref, Speech.from_request(req).seed, self.params.cfm_steps).numpy()
         else:
             wave = np.zeros(0, np.float32)          # T3 stopped at once: no speech
         return {"waveform": wave, "sample_rate": np.asarray([SAMPLE_RATE], np.int32),
