@@ -12,8 +12,9 @@ transformers' HiggsAudioV2TokenizerModel imports torchaudio, which this environm
 the codec's state dict is assembled from the same parts (DAC encoder/decoder, HuBERT, the semantic
 conv stacks of python_backends/tts/omnivoice.py) under the model's parameter names. The reference
 package loads the folder with nothing missing or unexpected (tests/test_tts_omnivoice.py checks).
-The codec keeps the release's rates (24 kHz, 960 samples a frame = 25 Hz, HuBERT at 16 kHz) with
-tiny widths.
+The codec keeps the release's rates (24 kHz, 960 samples a frame = 25 Hz, HuBERT at 16 kHz) and its
+8 quantizers at the highest bandwidth (2 kbps), with tiny widths. Both halves have random weights:
+the decoder speaks, and the encoder (voice cloning) maps a clip's frames onto varied codes.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ AUDIO = {"audio_vocab_size": 1025, "audio_mask_id": 1024, "num_audio_codebook": 
 CODEC_TINY_CONFIG = {
     "model_type": "higgs_audio_v2_tokenizer",
     "sample_rate": 24000, "semantic_sample_rate": 16000, "downsample_factor": 320,
-    "codebook_size": 1024, "codebook_dim": 8, "target_bandwidths": [0.5, 1, 1.5, 2, 4],
+    "codebook_size": 1024, "codebook_dim": 8, "target_bandwidths": [0.5, 1, 1.5, 2],
     "kernel_size": 3, "unit_kernel_size": 3, "strides": [1, 1], "channel_ratios": [1, 1], "block_dilations": [1, 1],
     "acoustic_model_config": {"model_type": "dac", "encoder_hidden_size": 4, "hidden_size": 16,
                               "decoder_hidden_size": 64, "downsampling_ratios": [8, 5, 4, 2, 3],
@@ -95,6 +96,13 @@ def codec_state_dict(config: dict, seed: int) -> dict[str, torch.Tensor]:
                                         ("project_out", (sizes.hidden, config["codebook_dim"]))):
                 state[p + f"{name}.weight"] = torch.randn(n_out, n_in, generator=g) / n_in ** 0.5
                 state[p + f"{name}.bias"] = 0.1 * torch.randn(n_out, generator=g)
+        # the DAC encoder too (voice cloning encodes reference clips): otherwise its output is ~1e-6 and
+        # a clip's frames all land on a few codes; its own generator, so the decoder's draws stay as they were
+        g = torch.Generator().manual_seed(seed + 1)
+        for k, v in state.items():
+            if k.startswith("acoustic_encoder.") and k.endswith("weight") and v.dim() == 3:
+                v.copy_(torch.randn(v.shape, generator=g) * (1.0 / (v.shape[1] * v.shape[2]) ** 0.5))
+        state["acoustic_encoder.conv2.weight"] *= 0.05
     return {k: v.contiguous() for k, v in state.items()}
 
 

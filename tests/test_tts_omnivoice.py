@@ -10,7 +10,10 @@ always run.
 Compared, fp32 on the CPU, a request alone with torch.manual_seed(seed) in the package and the seed as
 our per-request generator: prompt token ids (auto voice, voice design, a non-verbal tag), the frame count
 (duration estimate, speed), the decoded codes after 8-32 steps (greedy and sampled tokens), the codec's
-waveform and the final waveform (loudness, fade, padding).
+waveform and the final waveform (loudness, fade, padding). Voice cloning (CLONES: a 16 kHz WAV and a quiet
+24 kHz FLAC with a pause, each with its transcript): the clip's reference codes, its RMS and punctuated
+transcript, the prompt, the frame count, the codes and the waveforms, our pre step against the
+package's generate(ref_audio=file, ref_text=...).
 """
 from __future__ import annotations
 
@@ -28,11 +31,12 @@ from python_backends.media import audio
 from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.step import Request, StepContext
 from python_backends.tts.omnivoice import (Codec, Job, OmniVoiceModel, Settings, estimate_frames, finish, generate,
-                                           prompt_ids, remove_silence, voice_design)
+                                           prompt_ids, remove_silence, resample, voice_design)
 from python_backends.tts.omnivoice_steps import (OmniVoiceCodec, OmniVoiceCodecParams, OmniVoiceGenerate,
                                                  OmniVoiceGenerateParams, OmniVoicePre, OmniVoicePreParams)
 from tests.conftest import TINY, rounds_until_batched, running_server
 from tests.test_tts_orpheus import speech_request
+from tests.test_tts_qwen3_clone import clip
 from tests.test_tts_server import fails_beside, stream_speech
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +47,24 @@ CASES = [
     {"text": "The quick brown fox.", "instruct": "female, low pitch", "speed": 1.3, "seed": 5, "num_step": 8},
     {"text": "Pack my box [laughter] with five dozen jugs.", "seed": 7, "class_temperature": 0.8, "num_step": 12},
     {"text": "Write a haiku about the sea.", "instruct": "male, british accent, whisper", "seed": 11, "num_step": 16},
+]
+
+
+def quiet_clip() -> np.ndarray:
+    """A quiet voice (RMS under 0.1: the package raises it, and lowers the new speech to match) with a
+    0.6 s pause (shortened to 0.2 s before encoding)."""
+    wave = 0.15 * clip(2.6, 3)
+    wave[int(1.0 * RATE):int(1.6 * RATE)] = 0
+    return wave
+
+
+CLIP_FILES = {"16k.wav": audio.encode(clip(2.0, 1, 16000), 16000, "wav"),
+              "quiet.flac": audio.encode(quiet_clip(), RATE, "flac")}
+CLONES = [      # num_step 8: the served steps' setting here
+    {"text": "Hello there, how are you today?", "seed": 13, "num_step": 8, "ref_audio": "16k.wav",
+     "ref_text": "Pack my box with five dozen jugs"},
+    {"text": "The quick brown fox.", "seed": 17, "num_step": 8, "class_temperature": 0.8, "speed": 1.2,
+     "instruct": "female", "ref_audio": "quiet.flac", "ref_text": "你好，世界"},
 ]
 ESTIMATE = ["Hello", "中文字符测试", "Numbers 0123456789", "Ελληνικά, 한국어, हिन्दी", "مرحبا بالعالم", "こんにちは世界"]
 INSTRUCTS = [["female, British Accent", "hi"], ["男，青年", "hello"], ["female, elderly", "中文"],
@@ -96,7 +118,10 @@ def ref(folder, tmp_path_factory) -> dict[str, np.ndarray]:
     tmp = tmp_path_factory.mktemp("omnivoice_ref")
     spec = tmp / "spec.json"
     np.save(tmp / "silence.npy", silence_waves())
-    spec.write_text(json.dumps({"cases": CASES, "estimate": ESTIMATE, "instructs": INSTRUCTS,
+    for name, data in CLIP_FILES.items():
+        (tmp / name).write_bytes(data)
+    clones = [{**c, "ref_audio": str(tmp / c["ref_audio"])} for c in CLONES]
+    spec.write_text(json.dumps({"cases": CASES + clones, "estimate": ESTIMATE, "instructs": INSTRUCTS,
                                 "silence_waves": str(tmp / "silence.npy")}, ensure_ascii=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env["HF_HUB_OFFLINE"] = "1"                         # local folders only: nothing may be downloaded
@@ -174,6 +199,61 @@ def test_silence_removal_equals_the_package(ref):
     assert len(ref["silence.2"]) == 0
 
 
+def clone_values(case: dict) -> dict:
+    """A CLONES case as speech inputs."""
+    sampling = {"seed": case["seed"], "temperature": case.get("class_temperature", 0.0)}
+    values = {"text": case["text"], "reference_audio": CLIP_FILES[case["ref_audio"]], "reference_text": case["ref_text"],
+              "sampling_parameters": sampling}
+    if case.get("speed"):
+        values["speed"] = float(case["speed"])
+    if case.get("instruct"):
+        values["voice"] = case["instruct"]
+    return values
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("k", range(len(CLONES)))
+def test_cloning_equals_the_package(steps, ref, k):
+    """Our pre step (clip decoded at its own rate, resampled, trimmed, encoded) -> generate -> codec
+    against the package's generate(ref_audio=the same file, ref_text=...)."""
+    i, case = len(CASES) + k, CLONES[k]
+    pre, gen, codec = steps
+    out = pre.one(request(**clone_values(case)))
+    want_ref = ref[f"{i}.ref_codes"]
+    assert want_ref.shape[0] == 8 and len(set(want_ref[0].tolist())) > 5
+    assert np.array_equal(out["reference_codes"].reshape(8, -1), want_ref)
+    assert out["reference_rms"][0] == np.float32(ref[f"{i}.ref_rms"])
+    assert out["prompt_ids"].tolist() == ref[f"{i}.prompt"].tolist()
+    assert int(out["frames"][0]) == int(ref[f"{i}.frames"])
+    result, = gen.execute([Request(out)])
+    codes = torch.from_numpy(result["codes"].astype(np.int64)).view(8, -1)
+    want = torch.from_numpy(ref[f"{i}.codes"])
+    assert torch.equal(codes, want), f"{(codes != want).sum()} of {want.numel()} codes differ"
+    wave = codec.codec.decode(codes[None])[0].numpy()
+    assert np.abs(wave - ref[f"{i}.decoded"]).max() <= 1e-5
+    rms = float(out["reference_rms"][0])
+    final = finish(wave, RATE, rms, trim_silence=False)
+    assert final.shape == ref[f"{i}.wave"].shape and np.abs(final - ref[f"{i}.wave"]).max() <= 1e-6
+    assert np.array_equal(finish(ref[f"{i}.decoded"], RATE, rms), ref[f"{i}.trimmed"])
+    served = codec.one(Request({**result, "reference_rms": out["reference_rms"]}))["waveform"]
+    assert np.abs(served - ref[f"{i}.trimmed"]).max() <= 1e-5
+    if k == 1:                                  # quiet: the new speech at the reference's loudness
+        assert rms < 0.1 and str(ref[f"{i}.ref_text"]) == "你好，世界。"
+
+
+def test_resampling_is_torchaudios_and_the_decoders_differs():
+    """Reference clips are resampled as the package resamples them (torchaudio's sinc kernel: the
+    parity tests' reference codes are identical for a 16 kHz clip). FFmpeg's resampler, which
+    parse_reference would use at a fixed rate, gives other samples: measured here."""
+    wave16, _ = audio.decode(CLIP_FILES["16k.wav"])
+    ours = resample(torch.from_numpy(wave16), 16000, RATE).numpy()
+    ffmpeg, _ = audio.decode(CLIP_FILES["16k.wav"], RATE)
+    assert ours.shape == (2 * RATE,) and abs(ffmpeg.size - ours.size) <= 64
+    n = min(ffmpeg.size, ours.size)
+    diff = np.abs(ffmpeg[:n] - ours[:n])
+    assert 1e-4 < diff.max() < 0.1, diff.max()
+
+
 # --- self-consistency (no reference needed) -------------------------------------------------------
 def test_a_request_gets_the_same_codes_alone_or_batched(model, tokenizer):
     """Five requests of different lengths (one sampled) in one loop: each equals its run alone, bit for bit."""
@@ -209,11 +289,19 @@ def steps(folder):
             OmniVoiceCodec(ctx("codec", OmniVoiceCodecParams(checkpoint=str(folder)))))
 
 
+def request(**values) -> Request:
+    """speech_request, with bytes (reference_audio) as they are."""
+    raw = {k: v for k, v in values.items() if isinstance(v, bytes)}
+    req = speech_request(**{k: v for k, v in values.items() if k not in raw})
+    req.tensors.update({k: np.array([v], dtype=np.object_) for k, v in raw.items()})
+    return req
+
+
 def synthesize(steps, **values) -> np.ndarray:
     pre, gen, codec = steps
-    out = pre.one(speech_request(**values))
+    out = pre.one(request(**values))
     result, = gen.execute([Request(out)])
-    wave = codec.one(Request(result))
+    wave = codec.one(Request({**result, "reference_rms": out["reference_rms"]}))
     assert int(wave["sample_rate"][0]) == RATE
     return wave["waveform"]
 
@@ -232,7 +320,17 @@ BAD = [
     ("speech too long", {"text": "0123456789 " * 30}, "field 'text': is too long for one utterance: about"),
     ("unknown voice", {"voice": "alloy"}, "field 'voice': unknown voice attribute(s) 'alloy'"),
     ("voice conflict", {"voice": "male, female"}, "field 'voice': conflicting voice attributes 'male' vs 'female'"),
-    ("reference audio", {"reference_audio": "RIFF0000WAVE"}, "field 'reference_audio': this model does not clone"),
+    ("reference not audio", {"reference_audio": b"RIFF0000WAVEnot really", "reference_text": "Hi."},
+     "field 'reference_audio': not a readable audio file"),
+    ("reference too short", {"reference_audio": audio.encode(clip(0.5, 0), RATE, "wav"), "reference_text": "Hi."},
+     "field 'reference_audio': is too short: 0.50 s; at least 1.0 s"),
+    ("reference too long", {"reference_audio": audio.encode(clip(21.0, 0, 8000), 8000, "wav"),
+                            "reference_text": "Hi."}, "field 'reference_audio': is too long: 21.0 s; at most 20.0 s"),
+    ("reference silent", {"reference_audio": audio.encode(np.zeros(RATE * 2, np.float32), RATE, "wav"),
+                          "reference_text": "Hi."}, "field 'reference_audio': is silent"),
+    ("no transcript", {"reference_audio": CLIP_FILES["16k.wav"]}, "field 'reference_text': is required with "
+                                                                  "reference_audio"),
+    ("transcript alone", {"reference_text": "Hi."}, "field 'reference_audio': is required"),
     ("speed", {"speed": 5.0}, "field 'speed': must be in [0.25, 4.0]"),
     ("sampling", {"sampling_parameters": {"top_p": 0.5}}, "field 'sampling_parameters.top_p'"),
     ("seed", {"sampling_parameters": {"seed": -1}}, "field 'sampling_parameters.seed'"),
@@ -242,7 +340,7 @@ BAD = [
 @pytest.mark.parametrize("case,values,expect", BAD, ids=[b[0] for b in BAD])
 def test_pre_refuses_bad_input(steps, case, values, expect):
     with pytest.raises(InvalidInput) as err:
-        steps[0].one(speech_request(**{"text": "Hi.", **values}))
+        steps[0].one(request(**{"text": "Hi.", **values}))
     assert expect in str(err.value)
 
 
@@ -271,6 +369,17 @@ def test_served_wav_equals_in_process_synthesis(server, steps):
     local = synthesize(steps, **values)
     assert np.array_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
     assert np.abs(local).max() == pytest.approx(0.5) and len(local) > RATE
+
+
+@pytest.mark.server
+def test_served_clone_equals_in_process_synthesis(server, steps):
+    values = clone_values(CLONES[1])
+    (wav, rate, reason), = speak(server, response_format="wav", **values)
+    back, _ = audio.decode(wav)
+    local = synthesize(steps, **values)
+    assert (rate, reason) == (RATE, "stop") and len(local) > RATE // 2
+    assert np.array_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
+    assert np.abs(local).max() < 0.5            # a quiet reference's loudness, not the 0.5 peak
 
 
 @pytest.mark.server

@@ -3,7 +3,8 @@ iterative masked decoding with a bidirectional Qwen3 -> the HiggsAudioV2 tokeniz
 
 What the release does (OmniVoice.generate / _generate_iterative), followed here number for number:
 - prompt: style tokens `<|lang_start|>None<|lang_end|><|instruct_start|>{voice design or None}<|instruct_end|>`
-  (with a reference voice, `<|denoise|>` first), the text `<|text_start|>{ref text + text}<|text_end|>`, each
+  (with a reference voice, `<|denoise|>` first), the text `<|text_start|>{ref text + text}<|text_end|>` (the
+  reference's transcript punctuated), each
   id repeated over the 8 codebook rows, then the reference voice's codes if any, then T target frames
   set to the mask id. T is a rule-based estimate (character weights per script, scaled so that
   "Nice to meet you." is 25 frames, or from the reference voice's text and length), divided by speed.
@@ -20,9 +21,15 @@ torch's global generator; here every request has a generator of its own, seeded 
 request's tokens do not depend on its batch neighbours, and a request alone equals the release's run
 after torch.manual_seed(seed).
 
-The codec is decode-only here, written against transformers' DAC decoder (HiggsAudioV2TokenizerModel
-itself imports torchaudio, which serving does not need): RVQ codebook lookup + project_out per codebook,
-fc2, DAC decoder with the model's output padding and without tanh.
+The codec is written against transformers' DAC and HuBERT parts (HiggsAudioV2TokenizerModel itself
+imports torchaudio, which serving does not need), in two halves:
+- decoding: RVQ codebook lookup + project_out per codebook, fc2, DAC decoder with the model's output
+  padding and without tanh;
+- encoding (voice cloning, CodecEncoder): a reference clip -> its 8 codebooks of codes, which follow
+  the text in the prompt. The clip is prepared as the release prepares it (prepare_reference: loudness,
+  silence trimming, whole frames), resampled with torchaudio's sinc kernel rebuilt here (`resample`).
+  With a reference the duration estimate scales by the reference's text and frame count, and the new
+  speech gets the reference's loudness (a quiet reference's RMS) instead of a 0.5 peak.
 """
 from __future__ import annotations
 
@@ -139,6 +146,19 @@ def combine_text(text: str, ref_text: str | None = None) -> str:
     full = re.sub(r"[\r\n]+", "", full).replace("\uff08", "(").replace("\uff09", ")")
     full = re.sub(r"[ \t]+", " ", full)
     return re.sub(r"(?<=[\u4e00-\u9fff])\s+|\s+(?=[\u4e00-\u9fff])", "", full)
+
+
+# a reference transcript that ends without one of these gets a full stop (the release's add_punctuation)
+_END_MARKS = set(";:,.!?…)]}\"'“”‘’；：，。！？、）】")
+
+
+def punctuate(text: str) -> str:
+    """The reference transcript as the release reads it: stripped, and ending in punctuation ("。" for
+    Chinese text, else ".") so that the new text starts a sentence of its own."""
+    text = text.strip()
+    if text and text[-1] not in _END_MARKS:
+        text += "。" if _CJK.search(text) else "."
+    return text
 
 
 _NONVERBAL = re.compile(r"\[(laughter|sigh|confirmation-en|question-en|question-ah|question-oh|question-ei|question-yi|"
@@ -464,17 +484,7 @@ class Codec(nn.Module):
 
     @classmethod
     def load(cls, folder: str | Path, device: str = "cpu") -> "Codec":
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        codec = cls(json.loads((folder / "config.json").read_text()))
-        state = load_file(str(folder / "model.safetensors"))
-        ours = codec.state_dict()
-        missing = sorted(set(ours) - set(state))
-        if missing:
-            raise ValueError(f"{folder}: codec weights missing: {missing[:5]}")
-        codec.load_state_dict({k: state[k] for k in ours})
-        return codec.to(device).eval()
+        return _load_codec_half(cls, folder, device)
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
@@ -484,6 +494,131 @@ class Codec(nn.Module):
             quantized = quantized + q.project_out(F.embedding(idx, q.codebook.embed)).permute(0, 2, 1)
         acoustic = self.fc2(quantized.transpose(1, 2)).transpose(1, 2)
         return self.acoustic_decoder(acoustic)[:, 0]
+
+
+def _load_codec_half(cls, folder: str | Path, device: str):
+    """One half of the codec (its module under the model's names) with the weights of the folder's
+    model.safetensors that it has; the other half's are not read."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    module = cls(json.loads((folder / "config.json").read_text()))
+    ours = module.state_dict()
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys() if k in ours}
+    # HuBERT's masked_spec_embed is for training-time masking; the release file may leave it out
+    missing = sorted(k for k in set(ours) - set(state) if not k.endswith("masked_spec_embed"))
+    if missing:
+        raise ValueError(f"{folder}: codec weights missing: {missing[:5]}")
+    module.load_state_dict(state, strict=False)
+    return module.to(device).eval()
+
+
+# -- voice cloning: a reference clip -> its codes (create_voice_clone_prompt) ----------------------------
+
+def resample(wave: torch.Tensor, orig: int, new: int, zeros: int = 6, rolloff: float = 0.99) -> torch.Tensor:
+    """torchaudio.functional.resample with its defaults (a Hann-windowed sinc over `zeros` zero crossings,
+    cut off at `rolloff` of the lower Nyquist rate), which the release uses for the clip's rate and
+    inside the codec (24 kHz -> HuBERT's 16 kHz). The kernel is computed in the wave's dtype in the same
+    order, so the samples are torchaudio's. wave [..., S] -> [..., ceil(S * new / orig)]."""
+    if orig == new:
+        return wave
+    g = math.gcd(orig, new)
+    orig, new = orig // g, new // g
+    cutoff = min(orig, new) * rolloff
+    width = math.ceil(zeros * orig / cutoff)            # input samples each side of an output sample
+    dt, dev = wave.dtype, wave.device
+    offsets = torch.arange(-width, width + orig, dtype=dt, device=dev)[None, None] / orig
+    t = torch.arange(0, -new, -1, dtype=dt, device=dev)[:, None, None] / new + offsets   # [new, 1, taps]
+    t = (t * cutoff).clamp(-zeros, zeros)
+    window = torch.cos(t * math.pi / zeros / 2) ** 2
+    t = t * math.pi
+    kernel = torch.where(t == 0, torch.tensor(1.0, dtype=dt, device=dev), t.sin() / t) * (window * (cutoff / orig))
+    shape = wave.shape
+    x = F.pad(wave.reshape(-1, shape[-1]), (width, width + orig))
+    out = F.conv1d(x[:, None], kernel, stride=orig).transpose(1, 2).reshape(x.shape[0], -1)
+    return out[:, :math.ceil(new * shape[-1] / orig)].reshape(*shape[:-1], -1)
+
+
+class CodecEncoder(nn.Module):
+    """The encoding half of HiggsAudioV2TokenizerModel, under its parameter names: 24 kHz audio ->
+    codes [num_quantizers, frames] (HiggsAudioV2TokenizerModel.encode at its highest bandwidth).
+    A frame joins the DAC encoder's acoustic features with semantic ones: HuBERT on the clip resampled
+    to 16 kHz (padded 10 ms each side; the mean of all its hidden states, every k-th frame to reach
+    25 Hz) through the semantic conv stack. `fc` mixes them, then residual VQ: each quantizer takes the
+    codebook entry nearest to project_in(residual) and subtracts its project_out."""
+
+    def __init__(self, config: dict):
+        super().__init__()
+        from transformers import DacConfig, HubertConfig, HubertModel
+        from transformers.models.dac.modeling_dac import DacEncoder
+
+        self.sizes = codec_sizes(config)
+        self.sample_rate, self.semantic_rate = config["sample_rate"], config["semantic_sample_rate"]
+        self.semantic_step = int(self.sizes.hop / (self.sample_rate / self.semantic_rate) / config["downsample_factor"])
+        sub = {k: v for k, v in config["acoustic_model_config"].items() if k != "model_type"}
+        self.acoustic_encoder = DacEncoder(DacConfig(**sub))
+        self.encoder_semantic = SemanticEncoder(config)
+        sub = {k: v for k, v in config["semantic_model_config"].items() if k != "model_type"}
+        self.semantic_model = HubertModel(HubertConfig(**sub))
+        self.fc = nn.Linear(self.sizes.hidden, self.sizes.hidden)
+        self.quantizer = nn.Module()
+        self.quantizer.quantizers = nn.ModuleList()
+        for _ in range(self.sizes.num_quantizers):
+            q = nn.Module()
+            q.codebook = nn.Module()
+            q.codebook.register_buffer("embed", torch.zeros(config["codebook_size"], config["codebook_dim"]))
+            q.project_in = nn.Linear(self.sizes.hidden, config["codebook_dim"])
+            q.project_out = nn.Linear(config["codebook_dim"], self.sizes.hidden)
+            self.quantizer.quantizers.append(q)
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str = "cpu") -> "CodecEncoder":
+        return _load_codec_half(cls, folder, device)
+
+    def acoustic_frames(self, samples: int) -> int:
+        """The DAC encoder's output length, conv by conv (the model's _get_conv1d_output_lengths)."""
+        for m in self.acoustic_encoder.modules():
+            if isinstance(m, nn.Conv1d):
+                samples = int((samples + 2 * m.padding[0] - m.dilation[0] * (m.kernel_size[0] - 1) - 1) / m.stride[0]
+                              + 1)
+        return samples
+
+    @torch.inference_mode()
+    def encode(self, wave: torch.Tensor) -> torch.Tensor:
+        """wave [S] at 24 kHz -> codes [num_quantizers, frames] (long)."""
+        x = wave.reshape(1, 1, -1).to(self.fc.weight)
+        semantic_in = F.pad(resample(x, self.sample_rate, self.semantic_rate)[:, 0], (160, 160))
+        hidden = self.semantic_model(semantic_in, output_hidden_states=True).hidden_states
+        semantic = torch.stack(hidden, dim=1).mean(dim=1)[:, ::self.semantic_step]
+        semantic = self.encoder_semantic(semantic.transpose(1, 2))
+        if self.acoustic_frames(x.shape[-1]) != semantic.shape[-1]:     # the model pads only then
+            x = F.pad(x, (self.sizes.hop // 2, self.sizes.hop // 2))
+        joined = torch.cat([self.acoustic_encoder(x), semantic], dim=1)
+        residual = self.fc(joined.transpose(1, 2)).transpose(1, 2)       # [1, H, T]
+        codes = []
+        for q in self.quantizer.quantizers:
+            h = q.project_in(residual.permute(0, 2, 1)).reshape(-1, q.codebook.embed.shape[1])
+            embed = q.codebook.embed.t()
+            # nearest entry by squared distance, written as the model writes it (same rounding, same ties)
+            dist = -(h.pow(2).sum(1, keepdim=True) - 2 * h @ embed + embed.pow(2).sum(0, keepdim=True))
+            idx = dist.max(dim=-1).indices.view(1, -1)
+            residual = residual - q.project_out(F.embedding(idx, q.codebook.embed)).permute(0, 2, 1)
+            codes.append(idx[0])
+        return torch.stack(codes)
+
+
+def prepare_reference(wave: np.ndarray, rate: int, hop: int) -> tuple[np.ndarray, float]:
+    """A clip as the release encodes it when given its transcript (create_voice_clone_prompt,
+    preprocess_prompt on): its RMS (which later sets the new speech's loudness), a quiet clip raised to
+    RMS 0.1, silences over 200 ms shortened to 200 ms, the edges to 100 ms (lead) and 200 ms (trail),
+    then cut to whole frames of `hop` samples. Returns (wave, rms); the wave may come back empty."""
+    wave = np.asarray(wave, dtype=np.float32)[None]     # [1, S] float32, the release's arithmetic
+    rms = float(np.sqrt(np.mean(wave ** 2)))
+    if 0 < rms < 0.1:
+        wave = wave * 0.1 / rms
+    wave = remove_silence(wave[0], rate, mid_ms=200, lead_ms=100, trail_ms=200)
+    return wave[:len(wave) - len(wave) % hop], rms
 
 
 def remove_silence(wave: np.ndarray, rate: int, mid_ms: int = 500, lead_ms: int = 100, trail_ms: int = 100,

@@ -5,7 +5,11 @@ speech_post (python_backends/tts/omnivoice.py has the model and how it generates
                       duration estimate, divided by `speed`), the sampling temperature and `speech`
                       (seed drawn here when absent). `voice` is `auto` (the model picks a voice) or a
                       voice design: attributes such as "female, low pitch, british accent" (the release's
-                      `instruct`). Bad requests fail here, naming the field.
+                      `instruct`). Voice cloning: `reference_audio` (any file PyAV reads) with its
+                      transcript `reference_text` (required: the release would transcribe a clip
+                      without one with Whisper, which is not served) -> the clip's codes, encoded here
+                      on the CPU once per request, and its RMS (the new speech's loudness). Bad
+                      requests fail here, naming the field.
 `omnivoice_generate`  every request of the batch in one masked-decoding loop (N steps, each one forward of
                       all requests' conditional and unconditional rows); a request's random draws come
                       from its own seeded generator and its attention stays within its own rows, so its
@@ -18,7 +22,7 @@ speech_post (python_backends/tts/omnivoice.py has the model and how it generates
 
 Not autoregressive: the audio exists whole after the codec, so streaming is `speech_chunks` cutting it
 (streamed chunks concatenate to the non-streamed audio).
-Not served: voice cloning (reference audio), a language choice (the release's language-agnostic mode
+Not served: a reference clip without its transcript (the release's ASR), a language choice (the release's language-agnostic mode
 is used), texts longer than one pass (the release generates those in chunks).
 """
 from __future__ import annotations
@@ -35,12 +39,12 @@ from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, Step, StepContext, register
 from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.omnivoice import (Codec, Job, OmniVoiceModel, Settings, codec_sizes, estimate_frames,
-                                           finish, generate, prompt_ids, voice_design)
-from python_backends.tts.request import SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, parse_speech, reject_reference
+from python_backends.tts.omnivoice import (Codec, CodecEncoder, Job, OmniVoiceModel, Settings, codec_sizes,
+                                           estimate_frames, finish, generate, prepare_reference, prompt_ids,
+                                           punctuate, resample, voice_design)
+from python_backends.tts.request import SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, parse_reference, parse_speech
 
 AUTO = "auto"
-VOICES_HINT = [AUTO, "or attributes such as 'female, low pitch, british accent'"]
 
 
 @dataclass
@@ -49,6 +53,8 @@ class OmniVoicePreParams:
     default_voice: str = AUTO
     max_text_chars: int = 4096
     max_seconds: float = 30.0          # the release generates longer texts in chunks, which is not served
+    min_reference_seconds: float = 1.0
+    max_reference_seconds: float = 20.0   # the release warns above 20 s (slower, worse clones)
 
 
 @register("omnivoice_pre")
@@ -59,6 +65,8 @@ class OmniVoicePre(Step):
         TensorSpec("frames", "TYPE_INT32", (1,)),
         TensorSpec("temperature", "TYPE_FP32", (1,)),
         SPEECH,
+        TensorSpec("reference_codes", "TYPE_INT32", (-1,)),  # [codebooks * frames], codebook-major; [] for none
+        TensorSpec("reference_rms", "TYPE_FP32", (1,)),      # the clip's RMS; -1 without a reference
     )
     Params = OmniVoicePreParams
 
@@ -67,6 +75,7 @@ class OmniVoicePre(Step):
         folder = ctx.checkpoint(self.params.checkpoint)
         self.tokenizer = load_tokenizer(folder)
         self.frame_rate = codec_sizes(json.loads((folder / "audio_tokenizer" / "config.json").read_text())).frame_rate
+        self.encoder = CodecEncoder.load(folder / "audio_tokenizer")     # float32 on the CPU, once per clone
         self.max_frames = int(self.params.max_seconds * self.frame_rate)
         if self.params.default_voice.lower() != AUTO:
             voice_design(self.params.default_voice, "")        # a bad default fails at load time
@@ -88,11 +97,33 @@ class OmniVoicePre(Step):
             raise InvalidInput("sampling_parameters.temperature", f"expected a number in [0, 10], got {temperature!r}")
         return seed, float(temperature)
 
+    def reference(self, req: Request) -> tuple[np.ndarray, str, float] | None:
+        """The request's voice to clone: (codes [codebooks, frames], punctuated transcript, the clip's
+        RMS), or None without one. The clip is decoded at its own rate and resampled as the release
+        resamples it (torchaudio's sinc kernel, rebuilt in `resample`)."""
+        given = [name for name in ("reference_audio", "reference_text") if has_value(req, name)]
+        if not given:
+            return None
+        p, rate = self.params, self.encoder.sample_rate
+        own = file_rate(req) or rate                # unreadable: parse_reference says why
+        wave, transcript = parse_reference(req, own, p.min_reference_seconds, p.max_reference_seconds)
+        if not transcript:
+            raise InvalidInput("reference_text", "is required with reference_audio: the transcript of the clip "
+                                                 "(automatic transcription is not served)")
+        if len(transcript) > p.max_text_chars:
+            raise InvalidInput("reference_text", f"is too long: {len(transcript)} characters; at most "
+                                                 f"{p.max_text_chars}")
+        wave = resample(torch.from_numpy(wave), own, rate).numpy()
+        wave, rms = prepare_reference(wave, rate, self.encoder.sizes.hop)
+        if wave.size == 0:
+            raise InvalidInput("reference_audio", "is silent: nothing is left after removing silence")
+        codes = self.encoder.encode(torch.from_numpy(wave)).numpy()
+        return codes, punctuate(transcript), rms
+
     def one(self, req: Request) -> dict:
         p = self.params
         voice = (req.string("voice") or "").strip() or p.default_voice
         speech = parse_speech(req, [voice], voice, p.max_text_chars, SPEED_RANGE)
-        reject_reference(req, VOICES_HINT)
         instruct = None
         if voice.lower() != AUTO:
             try:
@@ -100,14 +131,40 @@ class OmniVoicePre(Step):
             except ValueError as exc:
                 raise InvalidInput("voice", str(exc)) from None
         seed, temperature = self.sampling(req)
-        frames = estimate_frames(speech.text, speed=speech.speed)
+        ref = self.reference(req)
+        codes, ref_text, rms = ref if ref else (np.zeros((0, 0), np.int64), None, -1.0)
+        frames = estimate_frames(speech.text, ref_text, codes.shape[-1], speech.speed)
         if frames > self.max_frames:
             raise InvalidInput("text", f"is too long for one utterance: about {frames / self.frame_rate:.0f} s of "
                                        f"speech; at most {p.max_seconds:g} s")
-        ids = prompt_ids(self.tokenizer, speech.text, instruct)
+        ids = prompt_ids(self.tokenizer, speech.text, instruct, ref_text, denoise=ref is not None)
         return {"prompt_ids": np.asarray(ids, dtype=np.int32), "frames": np.asarray([frames], dtype=np.int32),
                 "temperature": np.asarray([temperature], dtype=np.float32),
-                "speech": Speech(seed, speech.response_format, speech.stream).tensor()}
+                "speech": Speech(seed, speech.response_format, speech.stream).tensor(),
+                "reference_codes": codes.reshape(-1).astype(np.int32),
+                "reference_rms": np.asarray([rms], dtype=np.float32)}
+
+
+def has_value(req: Request, name: str) -> bool:
+    value = req.get(name)
+    return value is not None and any(len(v or b"") for v in value.reshape(-1))
+
+
+def file_rate(req: Request) -> int | None:
+    """The sample rate of the reference file's audio stream (None if PyAV cannot read it)."""
+    import io
+
+    import av
+
+    value = req.get("reference_audio")
+    data = value.reshape(-1)[0] if value is not None and value.size else b""
+    data = data.encode() if isinstance(data, str) else bytes(data or b"")
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            streams = container.streams.audio
+            return int(streams[0].codec_context.sample_rate) if streams else None
+    except (av.error.FFmpegError, ValueError):
+        return None
 
 
 @dataclass
@@ -133,6 +190,7 @@ class OmniVoiceGenerate(Step):
         TensorSpec("frames", "TYPE_INT32", (1,)),
         TensorSpec("temperature", "TYPE_FP32", (1,)),
         SPEECH,
+        TensorSpec("reference_codes", "TYPE_INT32", (-1,), ragged=True),
     )
     outputs = (
         TensorSpec("codes", "TYPE_INT32", (-1,)),            # [codebooks * frames], codebook-major
@@ -152,8 +210,12 @@ class OmniVoiceGenerate(Step):
         frames = int(req.scalar("frames"))
         if ids.numel() == 0 or frames < 1:
             raise ValueError(f"inconsistent request: {ids.numel()} prompt ids, {frames} frames")
-        prompt = ids.repeat(self.model.codebooks, 1)
-        return Job(prompt, prompt.shape[1], frames, Speech.from_request(req).seed, float(req.scalar("temperature")))
+        ref = torch.from_numpy(as_numpy(req.get("reference_codes")).astype(np.int64))
+        if ref.numel() % self.model.codebooks:
+            raise ValueError(f"{ref.numel()} reference codes are not whole frames of {self.model.codebooks}")
+        # text ids repeated over the codebook rows, then the reference's frames (audio positions)
+        prompt = torch.cat([ids.repeat(self.model.codebooks, 1), ref.view(self.model.codebooks, -1)], dim=1)
+        return Job(prompt, ids.numel(), frames, Speech.from_request(req).seed, float(req.scalar("temperature")))
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         results: list[dict | BaseException | None] = [None] * len(requests)
@@ -183,7 +245,8 @@ class OmniVoiceCodecParams:
 
 @register("omnivoice_codec")
 class OmniVoiceCodec(Step):
-    inputs = (TensorSpec("codes", "TYPE_INT32", (-1,), ragged=True), SPEECH)
+    inputs = (TensorSpec("codes", "TYPE_INT32", (-1,), ragged=True), SPEECH,
+              TensorSpec("reference_rms", "TYPE_FP32", (1,)))
     outputs = (
         TensorSpec("waveform", "TYPE_FP32", (-1,)),
         TensorSpec("sample_rate", "TYPE_INT32", (1,)),
@@ -203,6 +266,7 @@ class OmniVoiceCodec(Step):
             raise ValueError(f"{codes.numel()} codes are not whole frames of {self.codebooks}")
         wave = self.codec.decode(codes.view(1, self.codebooks, -1).to(self.codec.fc2.weight.device))[0]
         rate = self.codec.sample_rate
-        wave = finish(wave.float().cpu().numpy(), rate, trim_silence=self.params.remove_silence)
+        rms = float(req.scalar("reference_rms"))          # a clone takes its reference's loudness
+        wave = finish(wave.float().cpu().numpy(), rate, rms if rms >= 0 else None, self.params.remove_silence)
         return {"waveform": wave, "sample_rate": np.asarray([rate], np.int32),
                 "speech": req.get("speech")}
