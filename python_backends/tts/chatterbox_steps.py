@@ -102,11 +102,12 @@ class ChatterboxPre(Step):
             self.cloner, self.no_cloning = None, str(exc)
 
     def voice(self, req: Request) -> dict[str, np.ndarray]:
-        """The built-in voice, or the voice of `reference_audio` (a transcript is not used: refused)."""
-        if (req.string("reference_text") or "").strip():
-            raise InvalidInput("reference_text", "Chatterbox clones from the audio alone; leave the transcript out")
+        """The built-in voice, or the voice of `reference_audio`. Chatterbox clones from the audio alone:
+        a transcript beside it is not used (an uploaded voice may carry one); alone it is refused."""
         value = req.get("reference_audio")
         if value is None:
+            if (req.string("reference_text") or "").strip():
+                raise InvalidInput("reference_text", "describes reference_audio, which is missing")
             return self.default_voice
         if not value.size or not any(len(v or b"") for v in value.reshape(-1)):
             raise InvalidInput("reference_audio", "is empty; leave it out for the built-in voice")
