@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from converters.tiny import build
+from python_backends.runtime.errors import Unavailable
 from python_backends.runtime.step import Request, ResponseSink, StepContext, string_array
 from python_backends.tts.chunking import ChunkPlan
 from python_backends.tts.qwen3_tts_codec import load_codec
@@ -192,7 +193,7 @@ def test_max_streams_caps_live_states(folder):
     step = make_step(folder, max_streams=2)
     a, b, c = talk(frames(16, 50), 1), talk(frames(16, 51), 1), talk(frames(16, 52), 1)
     first = run(step, [[a[0], b[0], c[0]]])[0]
-    assert isinstance(first[2], RuntimeError) and "all max_streams = 2 decoder states are in use" in str(first[2])
+    assert isinstance(first[2], Unavailable) and "all max_streams = 2 decoder states are in use" in str(first[2])
     assert [len(r["waveform"]) for r in first[:2]] == [3 * FS, 3 * FS]
     rest = run(step, [[a[1], b[1]], [a[2]], [c[0]]])            # a ends: its row frees, c can start
     assert [len(r["waveform"]) for batch in rest for r in batch] == [12 * FS, 12 * FS, 1 * FS, 3 * FS]

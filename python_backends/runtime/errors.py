@@ -1,7 +1,8 @@
 """Errors a step raises, and the Triton error code each becomes.
 
 A step raises `InvalidInput` for anything the client got wrong; it becomes INVALID_ARG (HTTP 400,
-gRPC INVALID_ARGUMENT) for that one request only. Any other exception is a server fault: INTERNAL.
+gRPC INVALID_ARGUMENT) for that one request only; `Unavailable` for a capacity limit that a retry
+later may pass (UNAVAILABLE). Any other exception is a server fault: INTERNAL.
 """
 from __future__ import annotations
 
@@ -18,13 +19,17 @@ class Unsupported(Exception):
     """The request asks for something this model cannot do."""
 
 
+class Unavailable(Exception):
+    """The server cannot take this request now (a capacity limit is reached); a retry may succeed."""
+
+
 class Cancelled(Exception):
     """The client cancelled the request (or its stream went away)."""
 
 
 def to_triton_error(exc: BaseException, pb_utils):
     codes = {InvalidInput: pb_utils.TritonError.INVALID_ARG, Unsupported: pb_utils.TritonError.UNSUPPORTED,
-             Cancelled: pb_utils.TritonError.CANCELLED}
+             Cancelled: pb_utils.TritonError.CANCELLED, Unavailable: pb_utils.TritonError.UNAVAILABLE}
     code = next((c for cls, c in codes.items() if isinstance(exc, cls)), pb_utils.TritonError.INTERNAL)
     msg = str(exc) if code != pb_utils.TritonError.INTERNAL else f"{type(exc).__name__}: {exc}"
     return pb_utils.TritonError(msg, code)

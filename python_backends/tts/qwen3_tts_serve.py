@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from python_backends.ar.sampling import FIELD as SAMPLING, SamplingParams
-from python_backends.runtime.errors import InvalidInput
+from python_backends.runtime.errors import InvalidInput, Unavailable
 from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
@@ -420,8 +420,8 @@ class Qwen3TTSCodecStep(Step):
                                f"the state was dropped (no chunk for over stream_idle_s = "
                                f"{self.params.stream_idle_s:g} s, or an earlier chunk failed) or never made")
         if not self.free:
-            raise RuntimeError(f"stream {chunk.stream} cannot start: all max_streams = {self.params.max_streams} "
-                               "decoder states are in use by live streams")
+            raise Unavailable(f"stream {chunk.stream} cannot start: all max_streams = {self.params.max_streams} "
+                              "decoder states are in use by live streams")
         row = self.free.pop()
         self.states.put(torch.tensor([row], device=self.states.pos.device), self.fresh)
         self.streams[chunk.stream] = _Stream(row, chunk.start, now)
