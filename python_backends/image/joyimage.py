@@ -34,7 +34,7 @@ import torch
 from python_backends.image.checkpoint import load_component, pipeline_folder, vae_scale_factor
 from python_backends.image.denoise import DenoiseStep, Job
 from python_backends.image.pre import REQUEST_INPUTS, SETTINGS
-from python_backends.image.qwen_image import QwenEditVaeDecode, host, latent_stats
+from python_backends.image.qwen_image import QwenEditTextEncoder, QwenEditVaeDecode, host, latent_stats
 from python_backends.image.request import ImageLimits, parse_request
 from python_backends.image.tensors import group_by, to_output, to_torch
 from python_backends.media.image import ImageDecodeError, decode_image
@@ -237,29 +237,18 @@ class JoyEditTextEncoderParams(JoyEditModelParams):
 
 
 @register("joyai_image_edit_text_encoder")
-class JoyEditTextEncoder(Step):
-    inputs = (
-        TensorSpec("text_ids", "TYPE_INT32", (-1, -1), ragged=True),
-        TensorSpec("text_mask", "TYPE_INT32", (-1, -1), ragged=True),
-        TensorSpec("pixel_values", "TYPE_FP32", (-1, -1), ragged=True),
-        TensorSpec("image_grid_thw", "TYPE_INT64", (-1, 3), ragged=True),
-    )
-    outputs = (
-        TensorSpec("prompt_embeds", "TYPE_FP32", (-1, -1)),
-        TensorSpec("negative_embeds", "TYPE_FP32", (-1, -1)),   # zero rows when the request has no CFG
-    )
+class JoyEditTextEncoder(QwenEditTextEncoder):
+    """QwenEditTextEncoder's batching (every prompt and negative row in one padded call) with this
+    model's embeddings: the last decoder layer's output before the final norm."""
     Params = JoyEditTextEncoderParams
 
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
-        self.device = ctx.device
-        folder = pipeline_folder(ctx, self.params.checkpoint)
-        self.text_encoder = load_component(folder, "text_encoder", self.params.dtype, self.device)
         self.image_token = self.text_encoder.config.image_token_id
 
-    def last_layer_output(self, **inputs) -> torch.Tensor:
-        """The last decoder layer's output before the final norm: the model was trained on it (newer
-        transformers return the normed state as hidden_states[-1], so it is captured directly)."""
+    def hidden_states(self, **inputs) -> torch.Tensor:
+        """The model was trained on the last layer's output before the final norm (newer transformers
+        return the normed state as hidden_states[-1], so it is captured directly)."""
         captured = {}
 
         def keep(_module, _args, output):
@@ -267,47 +256,11 @@ class JoyEditTextEncoder(Step):
 
         handle = self.text_encoder.model.language_model.layers[-1].register_forward_hook(keep)
         try:
-            self.text_encoder.model(**inputs, use_cache=False)     # the vocabulary projection is not needed
+            self.text_encoder.model(**inputs, mm_token_type_ids=(inputs["input_ids"] == self.image_token).long(),
+                                    use_cache=False)     # image tokens marked as the processor marks them
         finally:
             handle.remove()
         return captured["hidden"]
-
-    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        # Every row (prompt, negative: each with its request's image) in one call, right-padded: the
-        # encoder is causal and its multimodal positions come from the mask, so padding after a row
-        # changes nothing in it.
-        rows = []            # (slot, ids of the real tokens, pixel_values, grid)
-        for slot, req in enumerate(requests):
-            ids, mask = host(req.get("text_ids")), host(req.get("text_mask"))
-            pixels, grid = host(req.get("pixel_values")), host(req.get("image_grid_thw")).reshape(-1, 3)
-            for r in range(ids.shape[0]):
-                rows.append((slot, ids[r][mask[r] > 0], pixels, grid))
-        length = max(len(r[1]) for r in rows)
-        ids = np.zeros((len(rows), length), np.int64)
-        mask = np.zeros((len(rows), length), np.int64)
-        for i, (_, real, _, _) in enumerate(rows):
-            ids[i, :len(real)], mask[i, :len(real)] = real, 1
-        try:
-            with torch.inference_mode():
-                input_ids = torch.from_numpy(ids).to(self.device)
-                hidden = self.last_layer_output(
-                    input_ids=input_ids, attention_mask=torch.from_numpy(mask).to(self.device),
-                    mm_token_type_ids=(input_ids == self.image_token).long(),     # as the processor marks them
-                    pixel_values=torch.from_numpy(np.concatenate([r[2] for r in rows])).to(
-                        self.device, self.text_encoder.dtype),
-                    image_grid_thw=torch.from_numpy(np.concatenate([r[3] for r in rows])).to(self.device))
-        except Exception as exc:  # noqa: BLE001 - the batch fails together
-            return [exc] * len(requests)
-        drop = self.params.drop_tokens
-        mine: dict[int, list[torch.Tensor]] = {}
-        for i, (slot, real, _, _) in enumerate(rows):
-            mine.setdefault(slot, []).append(hidden[i, drop:len(real)].float())
-        results = []
-        for slot in range(len(requests)):
-            embeds = mine[slot]
-            negative = embeds[1] if len(embeds) > 1 else embeds[0].new_zeros((0, embeds[0].shape[-1]))
-            results.append({"prompt_embeds": to_output(embeds[0]), "negative_embeds": to_output(negative)})
-        return results
 
 
 # -- denoise -------------------------------------------------------------------------------------------

@@ -305,6 +305,11 @@ class QwenEditTextEncoder(Step):
         folder = pipeline_folder(ctx, self.params.checkpoint)
         self.text_encoder = load_component(folder, "text_encoder", self.params.dtype, self.device)
 
+    def hidden_states(self, **inputs) -> torch.Tensor:
+        """[rows, tokens, D]: the text embeddings the transformer was trained on (the model's last
+        hidden states, without the vocabulary projection)."""
+        return self.text_encoder.model(**inputs, output_hidden_states=True, use_cache=False).hidden_states[-1]
+
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         # Every row of every request (prompt, negative: each with its request's images) in one call,
         # right-padded to the longest: the encoder is causal, so padding after a row changes nothing in
@@ -322,14 +327,11 @@ class QwenEditTextEncoder(Step):
             ids[i, :len(real)], mask[i, :len(real)] = real, 1
         try:
             with torch.inference_mode():
-                model = self.text_encoder.model       # the hidden states without the vocabulary projection
-                out = model(input_ids=torch.from_numpy(ids).to(self.device),
-                            attention_mask=torch.from_numpy(mask).to(self.device),
-                            pixel_values=torch.from_numpy(np.concatenate([r[2] for r in rows])).to(
-                                self.device, self.text_encoder.dtype),
-                            image_grid_thw=torch.from_numpy(np.concatenate([r[3] for r in rows])).to(self.device),
-                            output_hidden_states=True, use_cache=False)
-                hidden = out.hidden_states[-1]
+                hidden = self.hidden_states(
+                    input_ids=torch.from_numpy(ids).to(self.device), attention_mask=torch.from_numpy(mask).to(self.device),
+                    pixel_values=torch.from_numpy(np.concatenate([r[2] for r in rows])).to(
+                        self.device, self.text_encoder.dtype),
+                    image_grid_thw=torch.from_numpy(np.concatenate([r[3] for r in rows])).to(self.device))
         except Exception as exc:  # noqa: BLE001 - the batch fails together
             return [exc] * len(requests)
         drop = self.params.drop_tokens
