@@ -148,6 +148,27 @@ class Step:
                 results.append(exc)
         return results
 
+    def execute_jobs(self, requests: list[Request], run: Callable) -> list[dict[str, Any] | BaseException]:
+        """For steps that batch: `self.job(request)` for each request (one that cannot make its job fails
+        alone), then one `run(requests, jobs)` for the rest, yielding each one's outputs in order; if that
+        raises, those requests fail with it."""
+        results: list[dict[str, Any] | BaseException | None] = [None] * len(requests)
+        slots, jobs = [], []
+        for slot, req in enumerate(requests):
+            try:
+                jobs.append(self.job(req))
+                slots.append(slot)
+            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                results[slot] = exc
+        if jobs:
+            try:
+                for slot, outputs in zip(slots, run([requests[s] for s in slots], jobs)):
+                    results[slot] = outputs
+            except Exception as exc:  # noqa: BLE001 - the batched call failed: its requests fail together
+                for slot in slots:
+                    results[slot] = exc
+        return results
+
     def one(self, request: Request) -> dict[str, Any]:
         raise NotImplementedError
 

@@ -190,23 +190,11 @@ class ChatterboxT3(Step):
         return T3Job(ids, Sampling(**raw), Speech.from_request(req).seed, max_tokens, voice)
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        results: list[dict | BaseException | None] = [None] * len(requests)
-        slots, jobs = [], []
-        for slot, req in enumerate(requests):
-            try:
-                jobs.append(self.job(req))
-                slots.append(slot)
-            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
-                results[slot] = exc
-        if jobs:
-            try:
-                for slot, (tokens, reason) in zip(slots, generate_tokens(self.model, None, jobs)):
-                    results[slot] = {"speech_tokens": np.asarray(tokens, dtype=np.int32),
-                                     "finish_reason": string_array(reason), "speech": requests[slot].get("speech")}
-            except Exception as exc:  # noqa: BLE001
-                for slot in slots:
-                    results[slot] = exc
-        return results
+        def run(reqs, jobs):
+            for req, (tokens, reason) in zip(reqs, generate_tokens(self.model, None, jobs)):
+                yield {"speech_tokens": np.asarray(tokens, dtype=np.int32), "finish_reason": string_array(reason),
+                       "speech": req.get("speech")}
+        return self.execute_jobs(requests, run)
 
 
 @dataclass

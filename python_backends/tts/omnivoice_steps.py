@@ -218,23 +218,10 @@ class OmniVoiceGenerate(Step):
         return Job(prompt, ids.numel(), frames, Speech.from_request(req).seed, float(req.scalar("temperature")))
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        results: list[dict | BaseException | None] = [None] * len(requests)
-        slots, jobs = [], []
-        for slot, req in enumerate(requests):
-            try:
-                jobs.append(self.job(req))
-                slots.append(slot)
-            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
-                results[slot] = exc
-        if jobs:
-            try:
-                for slot, codes in zip(slots, generate(self.model, jobs, self.settings)):
-                    results[slot] = {"codes": codes.reshape(-1).numpy().astype(np.int32),
-                                     "speech": requests[slot].get("speech")}
-            except Exception as exc:  # noqa: BLE001
-                for slot in slots:
-                    results[slot] = exc
-        return results
+        def run(reqs, jobs):
+            for req, codes in zip(reqs, generate(self.model, jobs, self.settings)):
+                yield {"codes": codes.reshape(-1).numpy().astype(np.int32), "speech": req.get("speech")}
+        return self.execute_jobs(requests, run)
 
 
 @dataclass
