@@ -23,7 +23,8 @@ from tritonclient.utils import InferenceServerException
 from client.tensors import make_inputs
 from converters.schema import load_ensemble
 from python_backends.image.checkpoint import load_component
-from python_backends.image.joyimage import nearest_bucket, processor_from_parts, release_buckets
+from python_backends.image.joyimage import nearest_bucket, release_buckets
+from python_backends.image.qwen_image import processor_from_parts
 from python_backends.media.image import encode_image
 from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.params import parse_params
@@ -99,7 +100,8 @@ def test_edit_equals_joyimage_edit_pipeline(checkpoint, steps, monkeypatch):
     [got] = run_chain(steps, [request("make the sky red", [source], num_inference_steps=2, guidance_scale=4.0,
                                       negative_prompt="blurry, low quality", seed=7, n=2)])
     # diffusers loads this transformer only through accelerate; the reference gets ours, loaded from the same files.
-    pipe = JoyImageEditPipeline.from_pretrained(str(checkpoint), processor=processor_from_parts(checkpoint),
+    pipe = JoyImageEditPipeline.from_pretrained(str(checkpoint),
+                                                processor=processor_from_parts(checkpoint, "Qwen3VLProcessor"),
                                                 transformer=load_component(checkpoint, "transformer"))
     pipe.set_progress_bar_config(disable=True)
     seen = {}

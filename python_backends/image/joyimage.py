@@ -75,24 +75,6 @@ def cover_and_crop(image, height: int, width: int):
     return image.resize((w, h), Image.BILINEAR).crop((left, top, left + width, top + height))
 
 
-def processor_from_parts(folder):
-    """A Qwen3VLProcessor for the reference pipeline, from processor/'s image processor and tokenizer,
-    without the video processor (which needs torchvision; the edit pipeline never passes videos).
-    Our steps do not use it."""
-    from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLProcessor
-
-    class ImageOnlyProcessor(Qwen3VLProcessor):
-        def check_argument_for_proper_class(self, name, arg):
-            if name == "video_processor" and arg is None:
-                return None
-            return super().check_argument_for_proper_class(name, arg)
-
-    path = str(folder / "processor")
-    return ImageOnlyProcessor(image_processor=AutoImageProcessor.from_pretrained(path, local_files_only=True),
-                              tokenizer=AutoTokenizer.from_pretrained(path, local_files_only=True),
-                              video_processor=None)
-
-
 # -- pre ---------------------------------------------------------------------------------------------
 @dataclass
 class JoyEditPreParams(ImageLimits):

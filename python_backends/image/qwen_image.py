@@ -78,14 +78,16 @@ def host(value) -> np.ndarray:
     return value.cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
-def processor_from_parts(folder):
-    """A Qwen2VLProcessor for the reference pipeline, from processor/'s image processor and tokenizer.
-    `Qwen2VLProcessor.from_pretrained` also loads a video processor, which needs torchvision; the edit
-    pipelines never pass videos, so the processor is built without one (its constructor's class check
-    would reject the missing video processor, hence the subclass). Our steps do not use it."""
-    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLProcessor
+def processor_from_parts(folder, processor_class: str = "Qwen2VLProcessor"):
+    """The reference pipeline's processor (transformers' `processor_class`: Qwen2VLProcessor for
+    Qwen-Image-Edit, Qwen3VLProcessor for JoyImage-Edit) from processor/'s image processor and tokenizer.
+    `from_pretrained` also loads a video processor, which needs torchvision; the edit pipelines never
+    pass videos, so the processor is built without one (its constructor's class check would reject the
+    missing video processor, hence the subclass). Our steps do not use it."""
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
 
-    class ImageOnlyProcessor(Qwen2VLProcessor):
+    class ImageOnlyProcessor(getattr(transformers, processor_class)):
         def check_argument_for_proper_class(self, name, arg):
             if name == "video_processor" and arg is None:
                 return None
