@@ -209,10 +209,11 @@ def server(tmp_path_factory, checkpoint):
         yield s
 
 
-def edit(server, **fields) -> list[bytes]:
+def edit(server, model: str = MODEL, **fields) -> list[bytes]:
+    """One edit request to `model` over gRPC: its encoded images (shared by the other edit models' tests)."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        result = client.infer(MODEL, make_inputs(grpcclient, {k: (v, FIELD_TYPES[k]) for k, v in fields.items()}),
+        result = client.infer(model, make_inputs(grpcclient, {k: (v, FIELD_TYPES[k]) for k, v in fields.items()}),
                               client_timeout=120)
         return list(result.as_numpy("images").reshape(-1))
     finally:

@@ -9,6 +9,7 @@ the same.
 """
 from __future__ import annotations
 
+import functools
 import io
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,11 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import tritonclient.grpc as grpcclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from client.tensors import make_inputs
 from converters.schema import load_ensemble
 from python_backends.image.checkpoint import load_component
 from python_backends.image.joyimage import nearest_bucket, release_buckets
@@ -30,13 +29,13 @@ from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.params import parse_params
 from python_backends.runtime.step import Request, StepContext
 from tests.conftest import ROOT, TINY, rounds_until_batched, running_server
+from tests.test_image_edit import FIELD_TYPES, png_size
+from tests.test_image_edit import edit as edit_model
 from tests.test_image_server import generate_together
 from tests.test_image_steps import request as text_to_image_request, run_chain
 
 MODEL = "joyai_image_edit"
 BASE = 256                      # the bucket table's base size in these tests (the release's is 1024)
-FIELD_TYPES = {"prompt": "BYTES", "negative_prompt": "BYTES", "size": "BYTES", "num_inference_steps": "INT32",
-               "guidance_scale": "FP32", "seed": "INT64", "n": "INT32", "output_format": "BYTES", "image": "BYTES"}
 
 
 def picture(width: int, height: int, seed: int = 0) -> bytes:
@@ -177,21 +176,7 @@ def server(tmp_path_factory, checkpoint):
         yield s
 
 
-def edit(server, **fields) -> list[bytes]:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        result = client.infer(MODEL, make_inputs(grpcclient, {k: (v, FIELD_TYPES[k]) for k, v in fields.items()}),
-                              client_timeout=120)
-        return list(result.as_numpy("images").reshape(-1))
-    finally:
-        client.close()
-
-
-def png_size(data: bytes) -> tuple[int, int]:
-    image = Image.open(io.BytesIO(data))
-    assert image.format == "PNG"
-    image.load()
-    return image.size
+edit = functools.partial(edit_model, model=MODEL)
 
 
 @pytest.mark.server
