@@ -435,7 +435,7 @@ def kokoro_baseline(ctx):
     import importlib.util
     import types
 
-    from python_backends.tts.kokoro import WEIGHTS_FILE, load_voice, voice_style
+    from python_backends.tts.kokoro import WEIGHTS_FILE, load_voice, lstm_cudnn, voice_style
 
     if "kokoro" not in sys.modules:      # kokoro/model.py alone: the package's __init__ pulls in misaki, spaCy
         package = types.ModuleType("kokoro")
@@ -445,8 +445,18 @@ def kokoro_baseline(ctx):
     from loguru import logger
 
     logger.disable("kokoro")
-    model = KModel(repo_id="hexgrad/Kokoro-82M", config=str(ctx.folder / "config.json"),
-                   model=str(ctx.folder / WEIGHTS_FILE)).to(ctx.device).eval()
+    device = torch.device(ctx.device)
+    with lstm_cudnn(device):     # the same LSTM kernels as ours where cuDNN cannot run LSTMs here
+        model = KModel(repo_id="hexgrad/Kokoro-82M", config=str(ctx.folder / "config.json"),
+                       model=str(ctx.folder / WEIGHTS_FILE)).to(device).eval()
+    def in_lstm_context(forward):
+        def run(*args, **kwargs):
+            with lstm_cudnn(device):
+                return forward(*args, **kwargs)
+        return run
+
+    for lstm in [m for m in model.modules() if isinstance(m, torch.nn.LSTM)]:
+        lstm.forward = in_lstm_context(lstm.forward)
     style = voice_style(load_voice(ctx.folder / "voices" / "af_heart.pt"), len(PHONEMES))[None]
 
     def go(c):

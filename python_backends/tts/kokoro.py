@@ -65,11 +65,17 @@ def cudnn_lstm_works(device: torch.device) -> bool:
         return False
 
 
+def lstm_cudnn(device: torch.device):
+    """A context in which LSTMs on `device` work: cuDNN off where it cannot run them (moving an LSTM
+    to the device already asks cuDNN to flatten its weights, so loading needs this too)."""
+    return contextlib.nullcontext() if cudnn_lstm_works(device) else torch.backends.cudnn.flags(enabled=False)
+
+
 def run_lstm(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """A bidirectional LSTM over [B, T, C] rows. Padded rows are packed so that each row's backward
     pass starts at its own end. LSTMs stay float32 (they are small; see `Kokoro.to_dtype`)."""
     dtype, x = x.dtype, x.float()
-    with contextlib.nullcontext() if cudnn_lstm_works(x.device) else torch.backends.cudnn.flags(enabled=False):
+    with lstm_cudnn(x.device):
         if lengths is None:
             return lstm(x)[0].to(dtype)
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
@@ -384,7 +390,8 @@ class Kokoro(nn.Module):
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         model = cls(config)
         model.load_release(torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True))
-        return model.to(device).to_dtype(dtype).eval()
+        with lstm_cudnn(torch.device(device)):
+            return model.to(device).to_dtype(dtype).eval()
 
     def load_release(self, release: dict[str, dict[str, torch.Tensor]]) -> None:
         """The release's five state dicts, strictly: every weight the model has, nothing else."""
