@@ -36,7 +36,3 @@ class BlockManager:
         if seq.row >= 0:
             self.free_slots.append(seq.row)
         seq.row = seq.state_slot = -1
-
-    def slot(self, seq: Sequence, position: int) -> int:
-        """The cache slot of the token at `position` in `seq`."""
-        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size

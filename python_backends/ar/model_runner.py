@@ -276,17 +276,19 @@ class ModelRunner:
     def prefill_hidden(self, seqs: list[Sequence], blocks: BlockManager, all_tokens: bool = False) -> torch.Tensor:
         """Forward over the packed prompts; hidden states at each prompt's last token (or at every token)."""
         ids, pos, slots, cu = [], [], [], [0]
+        bs = blocks.block_size
         for s in seqs:
             n = s.prompt_len
             ids += s.prompt_ids
-            pos += range(n)
-            slots += [blocks.slot(s, i) for i in range(n)]
+            p = torch.arange(n)
+            pos.append(p)
+            slots.append(torch.tensor(s.block_table)[p // bs] * bs + p % bs)   # each position's cache slot
             cu.append(cu[-1] + n)
-        up = lambda v, dt=torch.int64: torch.tensor(v, dtype=dt).to(self.device, non_blocking=True)  # noqa: E731
-        ctx = ForwardContext(is_prefill=True, slot_mapping=up(slots), state_slots=up([s.row for s in seqs]),
+        up = lambda v, dt=torch.int64: torch.as_tensor(v, dtype=dt).to(self.device, non_blocking=True)  # noqa: E731
+        ctx = ForwardContext(is_prefill=True, slot_mapping=up(torch.cat(slots)), state_slots=up([s.row for s in seqs]),
                              seq_lens=[s.prompt_len for s in seqs], cu_seqlens=up(cu, torch.int32))
         x = self.model.prefill_embeds([s.prompt for s in seqs]) if self.frame_model else up(ids)
-        hidden = self.model(x, up(pos), ctx)
+        hidden = self.model(x, up(torch.cat(pos)), ctx)
         return hidden if all_tokens else hidden[up([c - 1 for c in cu[1:]])]
 
     def prefill_logits(self, seqs: list[Sequence], blocks: BlockManager, all_tokens: bool = False) -> torch.Tensor:
