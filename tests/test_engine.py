@@ -138,38 +138,3 @@ def test_padding_rows_never_advance(folder):
         for _ in range(40):                                  # more steps than a 32-token context has
             runner._decode_body(2, GREEDY, 0)
     assert runner.position[runner.scratch].item() == 0
-
-
-def test_prompts_arriving_one_by_one_share_a_prefill(folder):
-    """While others decode, a lone new prompt waits (at most max_prefill_delay_steps decode steps)
-    for company; waiting prompts reaching prefill_batch_fraction of the running ones go at once.
-    Nothing waits when nothing decodes. Outputs do not depend on how prompts were grouped."""
-    engine = make_engine(folder, max_prefill_delay_steps=3, prefill_batch_fraction=0.5)
-    reference = make_engine(folder)
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    seqs = []
-    for p in PROMPTS[:4]:                            # nothing decodes yet: no waiting
-        seqs.append(engine.add(p, params))
-    steps = 0
-    while engine.stats.prefill_steps == 0:
-        engine.step()
-        steps += 1
-    assert steps == 1 and engine.stats.prefill_steps == 1
-    # 4 running, fraction 0.5: two waiting prompts are enough company
-    seqs.append(engine.add(PROMPTS[4], params))
-    engine.step()
-    assert engine.stats.prefill_steps == 1           # held
-    seqs.append(engine.add([11, 12, 13], params))
-    engine.step()
-    assert engine.stats.prefill_steps == 2           # two waiting: prefilled together
-    assert engine.stats.prefill_tokens == sum(len(p) for p in PROMPTS) + 3
-    # a lone prompt goes after 3 decode steps at most
-    seqs.append(engine.add([21, 22], params))
-    held = 0
-    while engine.stats.prefill_steps == 2:
-        engine.step()
-        held += 1
-    assert held == 4                                 # 3 decode steps held, then its prefill
-    engine.run_until_done()
-    alone = [reference.generate([s.prompt_ids], params)[0] for s in seqs]
-    assert [s.output_ids for s in seqs] == alone

@@ -16,12 +16,6 @@ class EngineConfig:
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     enforce_eager: bool = False             # True: never capture CUDA graphs
     use_triton_kernels: bool = True         # CUDA only: the kernels/ Triton kernels for hot ops
-    # While sequences decode, a new prompt may wait up to this many decode steps for others to share
-    # its prefill step (a prefill stops every running sequence, and its cost is mostly per step, not
-    # per prompt); it goes at once when the waiting prompts are at least `prefill_batch_fraction` of
-    # the running sequences. 0: prefill every arrival at once. Nothing waits when nothing decodes.
-    max_prefill_delay_steps: int = 8
-    prefill_batch_fraction: float = 0.125
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_model_len < 2 or self.block_size < 1:

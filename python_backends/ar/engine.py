@@ -46,8 +46,7 @@ class LLMEngine:
         if self.runner.num_blocks * config.block_size < config.max_model_len:
             raise ValueError("the KV cache cannot hold one sequence of max_model_len tokens")
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.max_num_seqs)
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_prefill_delay_steps, config.prefill_batch_fraction)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.stats = EngineStats()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()

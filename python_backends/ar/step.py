@@ -53,8 +53,6 @@ class ARParams:
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     enforce_eager: bool = False
     use_triton_kernels: bool = True
-    max_prefill_delay_steps: int = 8      # see EngineConfig: prompts arriving one by one share a prefill
-    prefill_batch_fraction: float = 0.125
     load_format: str = "auto"          # "dummy": random weights from config.json (benchmarks)
     # tokens per streamed response: n >= 1 at least n (fewer only at the end); 0 (auto): 1 while few
     # streams are live, then one more per STREAMS_PER_TOKEN live streams. Each response is a request
@@ -71,8 +69,7 @@ class ARParams:
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.max_num_seqs, self.max_model_len, self.max_num_batched_tokens, self.block_size,
                             self.num_kv_blocks, self.gpu_memory_utilization, list(self.cuda_graph_batch_sizes),
-                            self.enforce_eager, self.use_triton_kernels, self.max_prefill_delay_steps,
-                            self.prefill_batch_fraction)
+                            self.enforce_eager, self.use_triton_kernels)
 
 
 @dataclass(eq=False)
