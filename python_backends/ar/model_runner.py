@@ -150,6 +150,13 @@ class ModelRunner:
             else:
                 raise TypeError(f"unknown cache spec {spec!r}")
 
+    def upload(self, values, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        """Host values -> a device tensor, without waiting for the GPU. A copy from pageable host
+        memory first waits for every kernel already queued (the step in flight); one from pinned
+        memory does not (torch's pinned-memory cache keeps the buffer until the copy has run)."""
+        host = torch.as_tensor(values, dtype=dtype)
+        return host.pin_memory().to(self.device, non_blocking=True) if self.cuda else host
+
     # -- per-sequence state -------------------------------------------------------------------
     def admit(self, seq: Sequence, eos_token_ids: set[int]) -> None:
         p, r = seq.params, seq.row
@@ -158,8 +165,8 @@ class ModelRunner:
         table[:len(stops[:MAX_STOP_IDS])] = torch.tensor(stops[:MAX_STOP_IDS], dtype=torch.int64)
         blocks = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32)
         blocks[:len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int32)
-        self.block_tables[r] = blocks.to(self.device, non_blocking=True)
-        self.stop_ids[r] = table.to(self.device, non_blocking=True)
+        self.block_tables[r] = self.upload(blocks, torch.int32)
+        self.stop_ids[r] = self.upload(table)
         self.position[r] = seq.prompt_len
         self.out_count[r] = 0
         self.max_tokens[r] = p.max_tokens
@@ -255,7 +262,7 @@ class ModelRunner:
         if key != self._rows_key:                          # upload rows only when the batch changed
             rows = torch.full((bs,), self.scratch, dtype=torch.int64)
             rows[:n] = torch.tensor(key, dtype=torch.int64)
-            self.rows[:bs].copy_(rows)                     # pageable source: safe to drop at once
+            self.rows[:bs].copy_(self.upload(rows))
             self._rows_key = key
         variant = self.variant(seqs)
         if bucket is not None:
@@ -268,7 +275,7 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], blocks: BlockManager) -> StepHandle:
         hidden = self.prefill_hidden(seqs, blocks)
-        rows = torch.tensor([s.row for s in seqs], dtype=torch.int64).to(self.device, non_blocking=True)
+        rows = self.upload([s.row for s in seqs])
         result = self._sample_and_check(hidden, rows, self.variant(seqs))
         self._rows_key = ()
         return self._copy_out(seqs, result)
@@ -284,7 +291,7 @@ class ModelRunner:
             pos.append(p)
             slots.append(torch.tensor(s.block_table)[p // bs] * bs + p % bs)   # each position's cache slot
             cu.append(cu[-1] + n)
-        up = lambda v, dt=torch.int64: torch.as_tensor(v, dtype=dt).to(self.device, non_blocking=True)  # noqa: E731
+        up = self.upload
         ctx = ForwardContext(is_prefill=True, slot_mapping=up(torch.cat(slots)), state_slots=up([s.row for s in seqs]),
                              seq_lens=[s.prompt_len for s in seqs], cu_seqlens=up(cu, torch.int32))
         x = self.model.prefill_embeds([s.prompt for s in seqs]) if self.frame_model else up(ids)
