@@ -201,7 +201,7 @@ def bench_server(name, folder, args, target):
 
     def one(prompt, t0):
         stamps, tokens = [], 0
-        for chunk in ChatClient(server.grpc_url, timeout_s=600).stream("qwen3_chat", prompt=prompt, sampling=sampling):
+        for chunk in ChatClient(server.grpc_url, timeout_s=600).stream(args.server_model, prompt=prompt, sampling=sampling):
             if chunk.completion_tokens > tokens:
                 stamps.append(time.perf_counter())
                 tokens = chunk.completion_tokens
@@ -229,7 +229,8 @@ def bench_server(name, folder, args, target):
         rows = []
         for c in args.concurrency:
             wall, per = run(c)
-            rows.append(summarize("ours via tritonserver", name, c, wall, per, args.output_len))
+            mode = "ours via tritonserver" + ("" if args.server_model == "qwen3_chat" else f" ({args.server_model})")
+            rows.append(summarize(mode, name, c, wall, per, args.output_len))
             print(json.dumps(rows[-1]), flush=True)
         rows[0]["setup_s"] = setup_s
         return rows
@@ -432,6 +433,8 @@ def main() -> int:
                     choices=["inprocess", "server", "server-pa", "hf"],
                     help="server-pa: perf_analyzer against the server's front and its AR step")
     ap.add_argument("--set", action="append", help="a converter override for the server modes (KEY=VALUE)")
+    ap.add_argument("--server-model", default="qwen3_chat",
+                    help="the model the server mode's clients call (qwen3_chat_ensemble: the ensemble without its front)")
     ap.add_argument("--pa-window-ms", type=int, default=10000, help="perf_analyzer's measurement window")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32, 64])
     ap.add_argument("--prompt-len", type=int, default=512)
