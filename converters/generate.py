@@ -144,12 +144,12 @@ def streaming_steps(cfg: EnsembleConfig) -> list[str]:
             if s.cls.decoupled and any(t.name == ABORT_INPUT for t in s.cls.inputs)]
 
 
-def front_config(cfg: EnsembleConfig, wiring: Wiring) -> mc.ModelConfig:
+def front_config(cfg: EnsembleConfig, wiring: Wiring, target: str) -> mc.ModelConfig:
     m = mc.ModelConfig(name=cfg.name, backend="python", max_batch_size=cfg.max_batch_size)
     for spec in wiring.ensemble_inputs.values():
         m.input.append(_io(mc.ModelInput, spec, with_flags=True))
     m.output.extend(_io(mc.ModelOutput, wiring.produced[n], with_flags=False) for n in cfg.outputs)
-    m.instance_group.append(mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1))
+    m.instance_group.append(mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=cfg.front_count(target)))
     m.model_transaction_policy.decoupled = True
     m.parameters["ensemble"].string_value = ensemble_name(cfg)
     m.parameters["abort_models"].string_value = ",".join(streaming_steps(cfg))
@@ -184,7 +184,7 @@ def repository_files(cfg: EnsembleConfig, target: str, out: Path) -> dict[str, s
     ens = ensemble_name(cfg)
     files = {f"{ens}/config.pbtxt": render(ensemble_config(cfg, wiring), src), f"{ens}/1/.keep": ""}
     if ens != cfg.name:
-        files[f"{cfg.name}/config.pbtxt"] = render(front_config(cfg, wiring), src)
+        files[f"{cfg.name}/config.pbtxt"] = render(front_config(cfg, wiring, target), src)
         files[f"{cfg.name}/1/model.py"] = FRONT_PY.format(header=HEADER.format(src=src))
     for step in cfg.steps:
         name = cfg.model_name(step)

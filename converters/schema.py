@@ -71,6 +71,15 @@ class EnsembleConfig:
     outputs: list[str] = field(default_factory=list)
     steps: list[StepConfig] = field(default_factory=list)
     openai: dict[str, Any] = field(default_factory=dict)      # how the OpenAI proxy exposes it
+    # processes of a streaming ensemble's front (python_backends/runtime/front.py): one front relays
+    # every response of its streams through one lock (the stub is not thread-safe), which capped an
+    # H200 server at ~3.3k streamed tokens/s (13.6k without the front); Triton spreads requests over
+    # idle instances. An int or {cpu: N, gpu: M}.
+    front_instances: Any = field(default_factory=lambda: {"cpu": 1, "gpu": 4})
+
+    def front_count(self, target: str) -> int:
+        v = self.front_instances
+        return int(v[target] if isinstance(v, dict) else v)
 
     def model_name(self, step: StepConfig) -> str:
         return f"{self.name}_{step.key}"
@@ -184,6 +193,11 @@ def load_ensemble(path: str | Path) -> EnsembleConfig:
         outputs=_expect(path, "outputs", raw.get("outputs", []), list, "a list of tensor names"),
         steps=[_parse_step(path, i, s) for i, s in enumerate(steps_raw)],
         openai=_expect(path, "openai", raw.get("openai", {}) or {}, dict, "a mapping"))
+    if "front_instances" in raw:
+        cfg.front_instances = raw["front_instances"]
+        counts = cfg.front_instances if isinstance(cfg.front_instances, dict) else {t: cfg.front_instances for t in TARGETS}
+        if set(counts) != set(TARGETS) or not all(isinstance(n, int) and n >= 1 for n in counts.values()):
+            raise ConfigError(path, "front_instances", "expected a positive integer or {cpu: N, gpu: M}")
     for k in cfg.parameters:
         if not any(k in field_types(s.cls.Params) for s in cfg.steps):
             raise ConfigError(path, f"parameters.{k}", "no step has such a parameter")
@@ -205,6 +219,9 @@ def apply_override(cfg: EnsembleConfig, dotted: str, value: str) -> None:
     if len(parts) == 1 and parts[0] == "max_batch_size":
         cfg.max_batch_size = int(value)
         return
+    if len(parts) == 1 and parts[0] == "front_instances":
+        cfg.front_instances = int(value)
+        return
     if len(parts) == 1 and any(parts[0] in field_types(s.cls.Params) for s in cfg.steps):
         cfg.parameters[parts[0]] = yaml.safe_load(value)
         return
@@ -222,4 +239,4 @@ def apply_override(cfg: EnsembleConfig, dotted: str, value: str) -> None:
         _check_parameters(cfg.source, f"steps.{step.key}", step)
         return
     raise ConfigError(cfg.source, dotted, "override keys are <step>.<parameter>, <step>.count, <step>.kind, "
-                                          "<step>.max_queue_delay_us, a shared <parameter> or max_batch_size")
+                                          "<step>.max_queue_delay_us, a shared <parameter>, max_batch_size or front_instances")

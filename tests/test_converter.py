@@ -61,6 +61,7 @@ def test_every_generated_config_parses_and_wires(tmp_path):
     assert ar.parameters["dtype"].string_value == "bfloat16"
     front = parsed["qwen3_chat"]
     assert front.model_transaction_policy.decoupled and front.parameters["ensemble"].string_value == "qwen3_chat_ensemble"
+    assert front.instance_group[0].count == 4          # the GPU target's default front processes
 
 
 def test_cpu_target_and_overrides(tmp_path):
@@ -79,6 +80,12 @@ def test_cpu_target_and_overrides(tmp_path):
     assert pre.parameters["max_model_len"].string_value == "512"
     # outside the project, the relative checkpoint path is written absolute
     assert Path(ar.parameters["checkpoint"].string_value).is_absolute()
+    front = text_format.Parse((tmp_path / "repo" / "m" / "config.pbtxt").read_text(), mc.ModelConfig())
+    assert front.instance_group[0].count == 1          # the CPU target's default
+    apply_override(cfg, "front_instances", "3")
+    write_repository([cfg], tmp_path / "repo3", "cpu")
+    front = text_format.Parse((tmp_path / "repo3" / "m" / "config.pbtxt").read_text(), mc.ModelConfig())
+    assert front.instance_group[0].count == 3
 
 
 BAD = [
@@ -95,6 +102,8 @@ BAD = [
     ("batching a streaming step", "name: m\nsteps:\n  - {key: a, step: ar_decode, batching: {max_queue_delay_us: 5}}\n",
      "m.yaml: steps.a.batching: a decoupled (streaming) step batches inside its engine"),
     ("not YAML", "name: [m\n", "m.yaml: <yaml>: not valid YAML"),
+    ("bad front_instances", "name: m\nfront_instances: {gpu: 0}\nsteps:\n  - {key: a, step: chat_pre}\n",
+     "m.yaml: front_instances: expected a positive integer or {cpu: N, gpu: M}"),
 ]
 
 
