@@ -101,6 +101,7 @@ def _chat_builder(make):
 
 def builders() -> dict:
     from converters.tiny_chatterbox import BUILDERS as CHATTERBOX
+    from converters.tiny_fish import BUILDERS as FISH
     from converters.tiny_image import BUILDERS as IMAGE
     from converters.tiny_joyimage import BUILDERS as JOYIMAGE
     from converters.tiny_omnivoice import BUILDERS as OMNIVOICE
@@ -108,7 +109,7 @@ def builders() -> dict:
     from converters.tiny_tts import BUILDERS as TTS
 
     return {"qwen3": _chat_builder(qwen3), "qwen3_5": _chat_builder(qwen3_5), **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE,
-            **OMNIVOICE, **CHATTERBOX}
+            **OMNIVOICE, **CHATTERBOX, **FISH}
 
 
 def _stamp(builder) -> str:

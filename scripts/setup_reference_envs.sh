@@ -8,6 +8,7 @@
 #   bash scripts/setup_reference_envs.sh qwen-tts   # .venv-qwentts: qwen-tts 0.1.1 (transformers 4.57.3)
 #   bash scripts/setup_reference_envs.sh omnivoice  # .venv-omnivoice: omnivoice 0.2.1 (transformers 5.24.0)
 #   bash scripts/setup_reference_envs.sh chatterbox # .venv-chatterbox: chatterbox-tts 0.1.7 (transformers 5.2.0)
+#   bash scripts/setup_reference_envs.sh fish       # .venv-fish: fish-speech 0.1.0 (S1-mini; Fish S2-Pro has no package)
 #
 # `make test` (and so CI) runs it before the tests: a few minutes the first time, ~1.5 GB.
 set -euo pipefail
@@ -100,13 +101,34 @@ chatterbox() {
   touch "$stamp"
 }
 
+fish() {
+  # fish-speech 0.1.0 is the older S1-mini release; Fish S2-Pro shares its codec classes and its dual-AR
+  # blocks (tests/test_tts_fish_parity.py says what it checks). Without its dependency list (gradio, wandb,
+  # lightning, a pinned pydantic and datasets): the package, the DAC code its codec builds on, then what
+  # the llama and codec modules import
+  local venv=.venv-fish stamp
+  stamp=$(stamp_of "$venv" fish)
+  [ -f "$stamp" ] && return 0
+  fresh_venv "$venv" "fish-speech 0.1.0, descript-audio-codec 1.0.0"
+  local pip="$venv/bin/python -m pip install -q"
+  $pip --no-deps fish-speech==0.1.0 descript-audio-codec==1.0.0 descript-audiotools==0.7.2
+  $pip "numpy<2" einops loguru loralib tiktoken transformers==4.57.3 hydra-core omegaconf librosa soundfile \
+    argbind julius flatten-dict ffmpy importlib-resources rich tqdm tensorboard randomname
+  python_torchaudio "$venv"
+  "$venv/bin/python" -c "from fish_speech.models.text2semantic.llama import DualARTransformer; \
+from fish_speech.models.dac.modded_dac import DAC; from fish_speech.models.dac.rvq import DownsampleResidualVectorQuantize" \
+    >/dev/null 2>&1 || { echo "[reference] $venv: fish_speech does not import" >&2; exit 1; }
+  touch "$stamp"
+}
+
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(qwen-tts omnivoice chatterbox)
+[ ${#names[@]} -gt 0 ] || names=(qwen-tts omnivoice chatterbox fish)
 for name in "${names[@]}"; do
   case "$name" in
     qwen-tts) qwen_tts ;;
     omnivoice) omnivoice ;;
     chatterbox) chatterbox ;;
-    *) echo "unknown reference environment: $name (known: qwen-tts, omnivoice, chatterbox)" >&2; exit 2 ;;
+    fish) fish ;;
+    *) echo "unknown reference environment: $name (known: qwen-tts, omnivoice, chatterbox, fish)" >&2; exit 2 ;;
   esac
 done

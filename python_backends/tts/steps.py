@@ -8,3 +8,4 @@ import python_backends.tts.pre  # noqa: F401
 import python_backends.tts.qwen3_tts_serve  # noqa: F401
 import python_backends.tts.qwen3_tts_steps  # noqa: F401
 import python_backends.tts.talker  # noqa: F401
+import python_backends.tts.fish_steps  # noqa: F401
