@@ -100,6 +100,7 @@ def _chat_builder(make):
 
 
 def builders() -> dict:
+    from converters.tiny_bagel import BUILDERS as BAGEL
     from converters.tiny_chatterbox import BUILDERS as CHATTERBOX
     from converters.tiny_fish import BUILDERS as FISH
     from converters.tiny_image import BUILDERS as IMAGE
@@ -109,7 +110,7 @@ def builders() -> dict:
     from converters.tiny_tts import BUILDERS as TTS
 
     return {"qwen3": _chat_builder(qwen3), "qwen3_5": _chat_builder(qwen3_5), **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE,
-            **OMNIVOICE, **CHATTERBOX, **FISH}
+            **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL}
 
 
 def _stamp(builder) -> str:
