@@ -100,6 +100,14 @@ def eos_token_ids(folder, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def enable_kernels(device, wanted: bool) -> None:
+    """The kernels/ Triton kernels for this process's hot ops (CUDA only; the CPU keeps torch's)."""
+    if torch.device(device).type == "cuda" and wanted:
+        from kernels import dispatch
+
+        dispatch.enable(True)
+
+
 def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, object]:
     """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks)."""
     dtype = torch_dtype(params.dtype)
@@ -107,10 +115,7 @@ def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, obje
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {params.load_format!r}")
     tokenizer = load_tokenizer(folder)
     model = load_causal_lm(folder, device, dtype, dummy=params.load_format == "dummy")
-    if torch.device(device).type == "cuda" and params.use_triton_kernels:
-        from kernels import dispatch
-
-        dispatch.enable(True)
+    enable_kernels(device, params.use_triton_kernels)
     vocab = model.config.vocab_size
     engine = LLMEngine(model, params.engine_config(), device, dtype,
                        eos_token_ids(folder, tokenizer), vocab)

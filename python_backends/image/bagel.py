@@ -34,12 +34,12 @@ import torch
 
 from python_backends.image.bagel_model import load_autoencoder, load_generator, release_folder, schedule, unpatchify
 from python_backends.image.denoise import DenoiseStep, Job
-from python_backends.image.pre import REQUEST_INPUTS, SETTINGS
+from python_backends.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
 from python_backends.image.request import ImageLimits, parse_request, parse_size
 from python_backends.image.vae import VaeDecodeStep
 from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register, string_array
+from python_backends.runtime.step import Request, Step, StepContext, register
 
 BOS, EOS, IMAGE_START, IMAGE_END = "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"
 VAE_DOWNSAMPLE = 8
@@ -112,11 +112,7 @@ class BagelPre(Step):
             raise InvalidInput("prompt", f"too long: {len(body) + 2} tokens, at most {self.params.max_prompt_tokens}")
         ids = np.array([[self.ids[BOS], *body, self.ids[EOS]]], np.int32)
         return {"text_ids": ids, "text_mask": np.ones_like(ids),
-                "width": np.array([r.width], np.int32), "height": np.array([r.height], np.int32),
-                "num_inference_steps": np.array([r.num_inference_steps], np.int32),
-                "guidance_scale": np.array([r.guidance_scale], np.float32),
-                "seed": np.array([r.seed], np.int64), "n": np.array([r.n], np.int32),
-                "output_format": string_array(r.output_format)}
+                **settings_tensors(r)}
 
 
 # -- denoise -----------------------------------------------------------------------------------------------

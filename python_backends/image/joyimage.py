@@ -33,14 +33,14 @@ import torch
 
 from python_backends.image.checkpoint import load_component, pipeline_folder, vae_scale_factor
 from python_backends.image.denoise import DenoiseStep, Job
-from python_backends.image.pre import REQUEST_INPUTS, SETTINGS
+from python_backends.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
 from python_backends.image.qwen_image import QwenEditTextEncoder, QwenEditVaeDecode, host, latent_stats
 from python_backends.image.request import ImageLimits, parse_request
 from python_backends.image.tensors import group_by, to_output, to_torch
 from python_backends.media.image import ImageDecodeError, decode_image
 from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register, string_array
+from python_backends.runtime.step import Request, Step, StepContext, register
 
 # The pipeline's "multiple_images" template with its one image slot filled in ("<image>\n" becomes
 # the vision tokens); the first `drop_tokens` tokens (the system part) are dropped from the embeddings.
@@ -161,11 +161,7 @@ class JoyEditPre(Step):
                 "image_grid_thw": np.asarray(vl["image_grid_thw"], np.int64),
                 "condition_pixels": np.asarray(cropped, np.uint8).reshape(-1),
                 "condition_sizes": np.array([[height, width]], np.int32),
-                "width": np.array([width], np.int32), "height": np.array([height], np.int32),
-                "num_inference_steps": np.array([r.num_inference_steps], np.int32),
-                "guidance_scale": np.array([r.guidance_scale], np.float32),
-                "seed": np.array([r.seed], np.int64), "n": np.array([r.n], np.int32),
-                "output_format": string_array(r.output_format)}
+                **settings_tensors(r, width, height)}
 
 
 # -- VAE encode ----------------------------------------------------------------------------------------

@@ -19,6 +19,16 @@ from python_backends.image.request import ImageLimits, ImageRequest, parse_reque
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, Step, StepContext, register, string_array
 
+def settings_tensors(r: ImageRequest, width: int | None = None, height: int | None = None) -> dict:
+    """The request's settings as the typed tensors every later step reads (`width`/`height`: the
+    output size when the model, not the request, decides it)."""
+    return {"width": np.array([width or r.width], np.int32), "height": np.array([height or r.height], np.int32),
+            "num_inference_steps": np.array([r.num_inference_steps], np.int32),
+            "guidance_scale": np.array([r.guidance_scale], np.float32),
+            "seed": np.array([r.seed], np.int64), "n": np.array([r.n], np.int32),
+            "output_format": string_array(r.output_format)}
+
+
 REQUEST_INPUTS = (
     TensorSpec("prompt", "TYPE_STRING", (1,)),
     TensorSpec("negative_prompt", "TYPE_STRING", (1,), optional=True),
@@ -80,12 +90,7 @@ class ImagePre(Step):
     def one(self, req: Request) -> dict:
         r: ImageRequest = parse_request(req, self.multiple, self.limits)
         ids, mask = self.tokenize([r.prompt, r.negative_prompt] if self.uses_cfg(r.guidance_scale) else [r.prompt])
-        return {"text_ids": ids, "text_mask": mask,
-                "width": np.array([r.width], np.int32), "height": np.array([r.height], np.int32),
-                "num_inference_steps": np.array([r.num_inference_steps], np.int32),
-                "guidance_scale": np.array([r.guidance_scale], np.float32),
-                "seed": np.array([r.seed], np.int64), "n": np.array([r.n], np.int32),
-                "output_format": string_array(r.output_format)}
+        return {"text_ids": ids, "text_mask": mask, **settings_tensors(r)}
 
 
 

@@ -29,14 +29,14 @@ import torch
 
 from python_backends.image.checkpoint import load_component, model_index, pipeline_folder, vae_scale_factor
 from python_backends.image.denoise import DenoiseStep, Job
-from python_backends.image.pre import REQUEST_INPUTS, SETTINGS
+from python_backends.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
 from python_backends.image.request import ImageLimits, parse_request, parse_size
 from python_backends.image.tensors import group_by, to_output, to_torch
 from python_backends.image.vae import VaeDecodeStep
 from python_backends.media.image import ImageDecodeError, decode_image
 from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register, string_array
+from python_backends.runtime.step import Request, Step, StepContext, register
 
 # The pipelines' prompt template (prompt_template_encode); Edit puts one image before the prompt,
 # Plus one "Picture i: " slot per image.
@@ -202,11 +202,7 @@ class QwenEditPre(Step):
                 "image_grid_thw": np.asarray(vl["image_grid_thw"], np.int64),
                 "condition_pixels": np.concatenate([np.asarray(im, np.uint8).reshape(-1) for im in vae_images]),
                 "condition_sizes": np.array([[im.height, im.width] for im in vae_images], np.int32),
-                "width": np.array([r.width], np.int32), "height": np.array([r.height], np.int32),
-                "num_inference_steps": np.array([r.num_inference_steps], np.int32),
-                "guidance_scale": np.array([r.guidance_scale], np.float32),
-                "seed": np.array([r.seed], np.int64), "n": np.array([r.n], np.int32),
-                "output_format": string_array(r.output_format)}
+                **settings_tensors(r)}
 
 
 # -- VAE encode ----------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from torch import nn
 from python_backends.models.context import ForwardContext
 from python_backends.models.decoder import DecoderModel, dense_layer
 from python_backends.models.loader import checkpoint_tensors
-from python_backends.tts.qwen3_tts import PredictorAttention, PredictorContext
+from python_backends.tts.qwen3_tts import PredictorAttention, predictor_step
 
 IM_END = "<|im_end|>"
 SEMANTIC = "<|semantic:{}|>"
@@ -149,16 +149,7 @@ class FastModel(DecoderModel):
                 a.v_buf = torch.zeros(shape, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor, position: int) -> torch.Tensor:
-        b, n, dev = x.shape[0], self.num_slots, x.device
-        rows = torch.arange(b, device=dev)
-        ctx = PredictorContext(rows * n + position, rows.int()[:, None],
-                               torch.full((b,), position + 1, dtype=torch.int32, device=dev), position + 1)
-        positions = torch.full((b,), position, dtype=torch.int64, device=dev)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, positions, ctx)
-        x, _ = self.norm(x, residual)
-        return x
+        return predictor_step(self, x, position, self.num_slots)
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from python_backends.ar.engine import LLMEngine
+from python_backends.ar.step import enable_kernels
 from python_backends.ar.sampling import FIELD as SAMPLING, SamplingParams
 from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.params import torch_dtype
@@ -214,10 +215,7 @@ class FishTalker(TalkerFrames):
         if p.load_format != "auto":
             raise ValueError("load_format must be 'auto'")
         self.model = load_fish(folder, self.ctx.device, torch_dtype(p.dtype))
-        if torch.device(self.ctx.device).type == "cuda" and p.use_triton_kernels:
-            from kernels import dispatch
-
-            dispatch.enable(True)
+        enable_kernels(self.ctx.device, p.use_triton_kernels)
         self.plan = ChunkPlan(p.first_chunk_frames, p.chunk_frames, p.context_frames, 0)
         engine = fish_engine(self.model, p.engine_config())
         if engine.runner.use_graphs:

@@ -169,6 +169,21 @@ class PredictorAttention(nn.Module):
                                                self.scale, ctx.max_context_len)
 
 
+def predictor_step(model: DecoderModel, x: torch.Tensor, position: int, num_slots: int) -> torch.Tensor:
+    """One token per row [B, H] at `position` through `model`'s layers (PredictorAttention: row r's
+    cache is slots r * num_slots ...) and final norm."""
+    b, dev = x.shape[0], x.device
+    rows = torch.arange(b, device=dev)
+    ctx = PredictorContext(rows * num_slots + position, rows.int()[:, None],
+                           torch.full((b,), position + 1, dtype=torch.int32, device=dev), position + 1)
+    positions = torch.full((b,), position, dtype=torch.int64, device=dev)
+    residual = None
+    for layer in model.layers:
+        x, residual = layer(x, residual, positions, ctx)
+    x, _ = model.norm(x, residual)
+    return x
+
+
 class PredictorModel(DecoderModel):
     """`talker.code_predictor.model`: Qwen3 layers + norm; codec_embedding.j embeds code j+1 (talker width)."""
 
@@ -183,16 +198,7 @@ class PredictorModel(DecoderModel):
                                              for _ in range(config.num_code_groups - 1))
 
     def forward(self, x: torch.Tensor, position: int) -> torch.Tensor:
-        b, n, dev = x.shape[0], self.config.num_code_groups, x.device
-        rows = torch.arange(b, device=dev)
-        ctx = PredictorContext(rows * n + position, rows.int()[:, None],
-                               torch.full((b,), position + 1, dtype=torch.int32, device=dev), position + 1)
-        positions = torch.full((b,), position, dtype=torch.int64, device=dev)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, positions, ctx)
-        x, _ = self.norm(x, residual)
-        return x
+        return predictor_step(self, x, position, self.config.num_code_groups)
 
 
 class CodePredictor(nn.Module):

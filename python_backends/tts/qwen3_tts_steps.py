@@ -14,7 +14,7 @@ import torch
 
 from python_backends.ar.engine import LLMEngine
 from python_backends.ar.sampling import FIELD, SamplingParams
-from python_backends.ar.step import ARDecode, ARParams, _Reply
+from python_backends.ar.step import ARDecode, ARParams, _Reply, enable_kernels
 from python_backends.runtime.errors import InvalidInput
 from python_backends.runtime.front import ABORT_INPUT
 from python_backends.runtime.params import torch_dtype
@@ -69,10 +69,7 @@ class TalkerFrames(ARDecode):
         if p.load_format != "auto":
             raise ValueError("load_format must be 'auto'")
         self.model = load_qwen3_tts(folder, self.ctx.device, torch_dtype(p.dtype))
-        if torch.device(self.ctx.device).type == "cuda" and p.use_triton_kernels:
-            from kernels import dispatch
-
-            dispatch.enable(True)
+        enable_kernels(self.ctx.device, p.use_triton_kernels)
         engine = talker_engine(self.model, p.engine_config())
         if engine.runner.use_graphs:
             engine.runner.capture_graphs()
