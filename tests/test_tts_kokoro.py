@@ -159,6 +159,18 @@ def test_batched_rows_keep_their_durations(folder, model):
         assert torch.equal(b, c)                      # the same batch: the same samples
 
 
+def test_one_row_syncs_the_host_once(folder, model):
+    """On a GPU the model is launch-bound and every host sync stalls it: a row alone copies its
+    inputs over and reads its frame count, nothing more (no masks, no packed LSTMs). Counted on the
+    CPU as perf_analyzer_configs/kokoro_ops.py does (where tensors would live is tracked by hand)."""
+    from perf_analyzer_configs.kokoro_ops import Residency
+
+    style, residency = style_for(folder, "af_heart", FOX), Residency(model)
+    with residency:
+        model.synthesize([ids_of(model, FOX)], style, torch.ones(1), [torch.Generator(model.device).manual_seed(1)])
+    assert sum(residency.syncs.values()) == 4, residency.syncs        # ids, style, speed over; frames back
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_gpu_in_float32_and_bfloat16(folder, model):
     """CUDA float32: the CPU's durations and lengths, samples as loud (not equal: rounding moves
@@ -174,7 +186,7 @@ def test_on_gpu_in_float32_and_bfloat16(folder, model):
         out = gpu.synthesize(rows, styles, torch.ones(3), [None] * 3)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        out = gpu.synthesize(rows, styles, torch.ones(3), [torch.Generator().manual_seed(1)] * 3)
+        out = gpu.synthesize(rows, styles, torch.ones(3), [torch.Generator("cuda").manual_seed(1)] * 3)
         torch.cuda.synchronize()
         seconds = sum(len(w) for w, _ in out) / RATE
         print(f"{dtype}: {seconds:.1f} s of audio in {time.perf_counter() - start:.3f} s")

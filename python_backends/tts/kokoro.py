@@ -72,8 +72,10 @@ def lstm_cudnn(device: torch.device):
 
 
 def run_lstm(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """A bidirectional LSTM over [B, T, C] rows. Padded rows are packed so that each row's backward
-    pass starts at its own end. LSTMs stay float32 (they are small; see `Kokoro.to_dtype`)."""
+    """A bidirectional LSTM over [B, T, C] rows. Padded rows (`lengths`; None: none is padded) are
+    packed so that each row's backward pass starts at its own end. Packing costs a host sync each
+    way on a GPU; a row alone gets the same numbers unpacked. LSTMs stay float32 (they are small;
+    see `Kokoro.to_dtype`)."""
     dtype, x = x.dtype, x.float()
     with lstm_cudnn(x.device):
         if lengths is None:
@@ -81,6 +83,11 @@ def run_lstm(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor | None = None
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = pad_packed_sequence(lstm(packed)[0], batch_first=True, total_length=x.shape[1])
     return out.to(dtype)
+
+
+def masked(x: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor:
+    """[B, C, T] with zeros where pad [B, T] is True (past a row's end); no pad, no kernel."""
+    return x if pad is None else x.masked_fill(pad[:, None], 0.0)
 
 
 class ChannelNorm(nn.Module):
@@ -145,8 +152,8 @@ class StyleResBlock(nn.Module):
         return (h + skip) * SQRT_HALF
 
 
-def snake(x, alpha):
-    return x + (1 / alpha) * torch.sin(alpha * x) ** 2
+def snake(x, alpha, inv_alpha):
+    return x + inv_alpha * torch.sin(alpha * x) ** 2
 
 
 class SnakeResBlock(nn.Module):
@@ -163,9 +170,12 @@ class SnakeResBlock(nn.Module):
         self.alpha2 = nn.ParameterList(nn.Parameter(torch.ones(1, channels, 1)) for _ in dilations)
 
     def forward(self, x, s):
-        for c1, c2, n1, n2, a1, a2 in zip(self.convs1, self.convs2, self.adain1, self.adain2, self.alpha1, self.alpha2):
-            h = c1(snake(n1(x, s), a1))
-            x = x + c2(snake(n2(h, s), a2))
+        # 1 / alpha of all six snakes in two kernels rather than two each (the same values)
+        inv1, inv2 = torch.reciprocal(torch.stack([*self.alpha1, *self.alpha2])).split(len(self.alpha1))
+        units = zip(self.convs1, self.convs2, self.adain1, self.adain2, self.alpha1, self.alpha2, inv1, inv2)
+        for c1, c2, n1, n2, a1, a2, i1, i2 in units:
+            h = c1(snake(n1(x, s), a1, i1))
+            x = x + c2(snake(n2(h, s), a2, i2))
         return x
 
 
@@ -181,13 +191,13 @@ class TextEncoder(nn.Module):
         self.lstm = nn.LSTM(channels, channels // 2, 1, batch_first=True, bidirectional=True)
 
     def forward(self, ids, lengths, pad):
-        """ids [B, T], pad [B, T] (True past a row's end) -> [B, C, T], zero past each row's end."""
-        pad = pad[:, None]
-        x = self.embedding(ids).transpose(1, 2).masked_fill(pad, 0.0)
+        """ids [B, T], pad [B, T] (True past a row's end; None: no row is padded) -> [B, C, T], zero
+        past each row's end."""
+        x = masked(self.embedding(ids).transpose(1, 2), pad)
         for conv, norm in self.cnn:
-            x = leaky(norm(conv(x)), 0.2).masked_fill(pad, 0.0)
+            x = masked(leaky(norm(conv(x)), 0.2), pad)
         x = run_lstm(self.lstm, x.transpose(1, 2), lengths).transpose(1, 2)
-        return x.masked_fill(pad, 0.0)
+        return masked(x, pad)
 
 
 class DurationEncoder(nn.Module):
@@ -202,13 +212,12 @@ class DurationEncoder(nn.Module):
 
     def forward(self, x, s, lengths, pad):
         """x [B, d_model, T] -> [B, T, d_model + style]."""
-        pad = pad[:, None]
         styles = s[:, :, None].expand(-1, -1, x.shape[2])
-        x = torch.cat([x, styles], 1).masked_fill(pad, 0.0)
+        x = masked(torch.cat([x, styles], 1), pad)
         for block in self.lstms:
             if isinstance(block, AdaLayerNorm):
                 x = block(x.transpose(1, 2), s).transpose(1, 2)
-                x = torch.cat([x, styles], 1).masked_fill(pad, 0.0)
+                x = masked(torch.cat([x, styles], 1), pad)
             else:
                 x = run_lstm(block, x.transpose(1, 2), lengths).transpose(1, 2)
         return x.transpose(1, 2)
@@ -257,7 +266,9 @@ class SineSource(nn.Module):
     Noise: drawn from the request's generator in the release's order (a random start phase for each
     overtone, which the release adds to a sample its interpolation never reads, so only the draw is
     kept; then the noise), so a seeded request equals the release under the same torch seed.
-    Without a generator there is no noise.
+    Without a generator there is no noise. The noise is drawn where the generator is: a generator on
+    the model's device keeps the draws (2 M normals for 10 s of audio: tens of ms on the host, element
+    by element) and their copy off the host, and there draws as the release does on that device.
     """
 
     def __init__(self, upsample: int):
@@ -275,11 +286,11 @@ class SineSource(nn.Module):
         voiced = (f0 > 10).float().repeat_interleave(self.upsample, dim=1)[:, :, None]
         wave = sines * voiced
         if noise is not None:
-            torch.rand(f0.shape[0], 9, generator=noise)                           # the unused start phases
+            torch.rand(f0.shape[0], 9, generator=noise, device=noise.device)      # the unused start phases
             # the release's randn_like fills a transposed [1, N, 9] tensor (element by element, not
             # torch's vectorized path for contiguous ones): the same tensor, filled the same way
-            z = torch.empty(sines.shape[0], 9, sines.shape[1]).transpose(1, 2).normal_(generator=noise)
-            z = z.to(f0.device)
+            z = torch.empty(sines.shape[0], 9, sines.shape[1], device=noise.device).transpose(1, 2)
+            z = z.normal_(generator=noise).to(f0.device)
             wave = wave + (voiced * 0.003 + (1 - voiced) * 0.1 / 3) * z
         return torch.tanh(F.linear(wave, self.l_linear.weight.float(), self.l_linear.bias.float()))[:, :, 0]
 
@@ -400,7 +411,7 @@ class Kokoro(nn.Module):
             state = {k: v for k, v in fold_weight_norm(state).items() if k != "embeddings.position_ids"}
             getattr(self, part).load_state_dict(state, strict=True)
 
-    @torch.no_grad()
+    @torch.inference_mode()     # not just no_grad: ops skip autograd's dispatch, less host time per kernel
     def synthesize(self, rows: list[list[int]], styles: torch.Tensor, speeds: torch.Tensor,
                    noise: list[torch.Generator | None]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Phoneme id rows (each with its boundary 0s), styles [B, 256], speeds [B] -> per row the
@@ -415,23 +426,30 @@ class Kokoro(nn.Module):
         phase of its source's STFT, which jumps where a bin is near silent, so the samples differ
         while durations and pitch do not. Alone, a row is bit for bit the release code's output."""
         dev, dtype = self.device, self.bert_encoder.weight.dtype
-        lengths = torch.tensor([len(r) for r in rows])
-        ids = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long)
+        sizes = [len(r) for r in rows]
+        ids = torch.zeros(len(rows), max(sizes), dtype=torch.long)
         for i, r in enumerate(rows):
             ids[i, :len(r)] = torch.tensor(r)
-        pad = (torch.arange(ids.shape[1])[None] >= lengths[:, None]).to(dev)
+        # lengths and pad only where rows differ in length: masks and packed LSTMs are kernels and
+        # host syncs on a GPU, and a row alone gets the same numbers without them
+        lengths = pad = None
+        if min(sizes) < max(sizes):
+            lengths = torch.tensor(sizes)
+            pad = (torch.arange(ids.shape[1])[None] >= lengths[:, None]).to(dev)
         ids, styles, speeds = ids.to(dev), styles.to(dev, dtype), speeds.to(dev, torch.float32)
-        bert = self.bert(ids, attention_mask=(~pad).long()).last_hidden_state
+        bert = self.bert(ids, attention_mask=None if pad is None else (~pad).long()).last_hidden_state
         d_en = self.bert_encoder(bert).transpose(1, 2)
         timbre, prosody = styles[:, :STYLE], styles[:, STYLE:]
         d = self.predictor.text_encoder(d_en, prosody, lengths, pad)
         frames = self.predictor.durations(d, lengths, speeds)
         t_en = self.text_encoder(ids, lengths, pad)
+        # every row's frame count in one read (repeat_interleave would read it itself, twice a row)
+        totals = torch.stack([frames[i, :n].sum() for i, n in enumerate(sizes)]).tolist()
         out = []
-        for i, n in enumerate(lengths.tolist()):
+        for i, (n, total) in enumerate(zip(sizes, totals)):
             dur = frames[i, :n]
-            en = d[i, :n].T.repeat_interleave(dur, dim=1)[None]          # each phoneme held for its frames
-            asr = t_en[i, :, :n].repeat_interleave(dur, dim=1)[None]
+            en = d[i, :n].T.repeat_interleave(dur, dim=1, output_size=total)[None]   # each phoneme held for its frames
+            asr = t_en[i, :, :n].repeat_interleave(dur, dim=1, output_size=total)[None]
             f0, energy = self.predictor.curves(en, prosody[i:i + 1])
             wave = self.decoder(asr, f0, energy, timbre[i:i + 1], noise[i])
             out.append((wave[0], dur))

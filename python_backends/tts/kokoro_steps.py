@@ -141,7 +141,8 @@ class KokoroSynth(Step):
         style = torch.as_tensor(as_numpy(req.get("style")))
         if sum(lengths) != len(ids) or tuple(style.shape) != (len(lengths), 256) or min(lengths, default=0) < 3:
             raise ValueError(f"inconsistent segments: lengths {lengths} for {len(ids)} ids, styles {list(style.shape)}")
-        gen = torch.Generator().manual_seed(Speech.from_request(req).seed)
+        # on the model's device: the source's noise is drawn there (see kokoro.SineSource)
+        gen = torch.Generator(self.model.device).manual_seed(Speech.from_request(req).seed)
         speed = float(req.scalar("speed", 1.0))
         bounds = np.cumsum([0, *lengths])
         rows = [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
