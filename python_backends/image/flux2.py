@@ -1,8 +1,8 @@
 """FLUX.2-klein: the text encoder, denoise and VAE decode steps, after diffusers' `Flux2KleinPipeline`.
 
-text encoder  Qwen3: hidden states of layers 9, 18 and 27 stacked per token -> [512, 3 * D]. The
-              padded positions are part of the conditioning (the transformer attends to all of
-              them), so every prompt keeps the full `max_sequence_length`.
+text encoder  Qwen3: hidden states of layers 9, 18 and 27 stacked per token -> [512, 3 * D]; the
+              layers past 27 are not run. The padded positions are part of the conditioning (the
+              transformer attends to all of them), so every prompt keeps the full `max_sequence_length`.
 denoise       Flux2Transformer2DModel on packed latents [B, h*w, 4C] with 4-D RoPE ids.
               Sigmas linspace(1, 1/N, N), shifted by the empirical mu for (h*w, N);
               CFG is neg + g * (pos - neg) for g > 1 on undistilled checkpoints.
@@ -38,12 +38,11 @@ class Flux2KleinTextEncoder(TextEncoderStep):
     Params = Flux2TextEncoderParams
 
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> list[torch.Tensor]:
-        # The base model of the causal LM: the same hidden states, without the vocabulary projection.
-        model = getattr(self.text_encoder, "model", self.text_encoder)
-        out = model(input_ids=torch.from_numpy(ids.astype(np.int64)).to(self.device),
-                    attention_mask=torch.from_numpy(mask.astype(np.int64)).to(self.device),
-                    output_hidden_states=True, use_cache=False)
-        stacked = torch.stack([out.hidden_states[k] for k in self.params.hidden_states_layers], dim=1)
+        # Only the layers up to the deepest one read run (27 of Qwen3-4B's 36).
+        states = self.hidden_states(torch.from_numpy(ids.astype(np.int64)).to(self.device),
+                                    torch.from_numpy(mask.astype(np.int64)).to(self.device),
+                                    self.params.hidden_states_layers)
+        stacked = torch.stack(states, dim=1)
         rows, layers, length, dim = stacked.shape
         return list(stacked.permute(0, 2, 1, 3).reshape(rows, length, layers * dim).unbind(0))
 

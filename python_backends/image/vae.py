@@ -21,6 +21,8 @@ from python_backends.runtime.step import Request, Step, StepContext
 class VaeDecodeParams:
     checkpoint: str = ""
     dtype: str = "float32"
+    compile: bool = False              # GPU: torch.compile the VAE decode (`decode`; a new latent shape
+                                       #   compiles on first use); ignored on CPU
 
 
 def to_uint8(image: torch.Tensor) -> torch.Tensor:
@@ -41,6 +43,13 @@ class VaeDecodeStep(Step):
         self.folder = pipeline_folder(ctx, self.params.checkpoint)
         self.vae = load_component(self.folder, "vae", self.params.dtype, self.device)
         self.vae_scale = vae_scale_factor(self.folder)
+        if self.params.compile and torch.device(self.device).type == "cuda":
+            # On the step's own bound method: the VAE module (maybe shared) is left as it is.
+            self.decode = torch.compile(self.decode)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """VAE-space latents -> images in [-1, 1], [B, 3, H, W]."""
+        return self.vae.decode(z, return_dict=False)[0]
 
     def to_vae_space(self, latents: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -53,7 +62,7 @@ class VaeDecodeStep(Step):
                 with torch.inference_mode():
                     latents = torch.cat([to_torch(lat, self.device, torch.float32) for _, lat in group])
                     z = self.to_vae_space(latents).to(self.vae.dtype)
-                    pixels = to_uint8(self.vae.decode(z, return_dict=False)[0])
+                    pixels = to_uint8(self.decode(z))
                 for (slot, lat), px in zip(group, pixels.split([lat.shape[0] for _, lat in group])):
                     results[slot] = {"pixels": to_output(px)}
             except Exception as exc:  # noqa: BLE001 - this group fails, the others go on

@@ -1,7 +1,8 @@
 """Z-Image (Turbo): the text encoder, denoise and VAE decode steps, after diffusers' `ZImagePipeline`.
 
 text encoder  Qwen3 (base model); the embeddings are the second-to-last hidden state at the
-              prompt's real tokens (padding dropped), so each prompt has its own length.
+              prompt's real tokens (padding dropped), so each prompt has its own length; the
+              last layer is not run.
 denoise       ZImageTransformer2DModel, which takes lists of latents and captions of any lengths.
               Sigmas linspace(1, 1/N, N) through the checkpoint's FlowMatchEulerDiscreteScheduler;
               the model sees t' = (1000 - t) / 1000 and predicts the negated velocity;
@@ -30,7 +31,8 @@ class ZImageTextEncoder(TextEncoderStep):
         keep = int(used[-1]) + 1 if used.size else 1
         ids_t = torch.from_numpy(ids[:, :keep].astype(np.int64)).to(self.device)
         mask_t = torch.from_numpy(mask[:, :keep]).to(self.device).bool()
-        hidden = self.text_encoder(input_ids=ids_t, attention_mask=mask_t, output_hidden_states=True).hidden_states[-2]
+        # The second-to-last hidden state: the last layer (and a causal LM's vocabulary projection) is not run.
+        hidden = self.hidden_states(ids_t, mask_t, [-2])[0]
         # Real-token positions come from the host mask: no device sync to find them.
         return [hidden[r].index_select(0, torch.from_numpy(np.flatnonzero(mask[r, :keep])).to(self.device))
                 for r in range(len(ids))]
