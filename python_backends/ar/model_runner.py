@@ -117,8 +117,10 @@ class ModelRunner:
         self._rows_key: tuple[int, ...] = ()
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self.graph_pool = None
-        # two pinned result buffers, alternating: the engine reads one while the next step fills the other
-        self.host_out = [torch.empty((self.num_codes + 1, self.max_batch), dtype=torch.int64, pin_memory=self.cuda)
+        # two pinned result buffers, alternating: the engine reads one while the next step fills the other.
+        # Flat, so that a step's [rows, batch] result lands in a contiguous view: a copy into a strided
+        # host view is not asynchronous (the engine thread waited there for the step in flight).
+        self.host_out = [torch.empty(((self.num_codes + 1) * self.max_batch,), dtype=torch.int64, pin_memory=self.cuda)
                          for _ in range(2)]
         self._next_host = 0
 
@@ -304,9 +306,9 @@ class ModelRunner:
     def _copy_out(self, seqs: list[Sequence], result: torch.Tensor) -> StepHandle:
         if not self.cuda:
             return StepHandle(seqs, result.clone(), None)
-        host = self.host_out[self._next_host][:, :result.shape[1]]
+        host = self.host_out[self._next_host][:result.numel()].view(result.shape)
         self._next_host ^= 1
-        host.copy_(result, non_blocking=True)
+        host.copy_(result.contiguous(), non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         return StepHandle(seqs, host, event)
