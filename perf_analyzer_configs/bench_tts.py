@@ -312,7 +312,22 @@ def server_mode(ctx):
             results = list(pool.map(lambda i: one(i, t0), range(c)))
         return time.perf_counter() - t0, results
 
-    return go, server.stop
+    def close():
+        if ctx.args.server_stats:    # where a request's time went, per step (Triton's statistics API)
+            import urllib.request
+
+            stats = json.loads(urllib.request.urlopen(f"http://{server.http_url}/v2/models/stats").read())
+            for m in stats.get("model_stats", []):
+                n, s = int(m.get("execution_count", 0)), m["inference_stats"]
+                if n:
+                    print("STATS " + json.dumps({"model": m["name"], "executions": n,
+                                                 "inferences": int(m.get("inference_count", 0)),
+                                                 **{f"{k}_ms_per_exec": int(s[k]["ns"]) / n / 1e6
+                                                    for k in ("queue", "compute_input", "compute_infer",
+                                                              "compute_output")}}), flush=True)
+        server.stop()
+
+    return go, close
 
 
 def build_steps(ctx) -> tuple[dict, int]:
@@ -577,6 +592,8 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, c 1 2, one round, 84 tokens: checks the script")
     ap.add_argument("--merge", nargs="+", type=Path, help="combine the results of separate runs into --out")
     ap.add_argument("--note", action="append", default=[], help="a note for the results")
+    ap.add_argument("--set", action="append", default=[], help="a converter override for the server mode (KEY=VALUE)")
+    ap.add_argument("--server-stats", action="store_true", help="print each served step's Triton statistics at the end")
     args = ap.parse_args()
     if args.merge:
         parts, rows, notes = merge_parts(args.merge, ("model", "mode", "concurrency"), args.note)
@@ -608,6 +625,7 @@ def main() -> int:
                 ctx.overrides.append(f"{name}.talker.max_num_seqs={max(args.concurrency)}")
         else:
             ctx.folder = write_kokoro(root, args.shapes)
+        ctx.overrides += args.set
         for mode in [m for m in MODES if m in args.modes]:
             t = time.perf_counter()
             go, close = MODE_FNS[(name, mode)](ctx)
