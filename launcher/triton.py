@@ -73,10 +73,26 @@ def find_install() -> ServerInstall:
     raise RuntimeError("no tritonserver found: install nvidia-pytriton==0.7.0 or use the NGC Triton image")
 
 
+def libpython_dir() -> Path | None:
+    """A folder holding only this interpreter's libpython (a link), for LD_LIBRARY_PATH. Not LIBDIR
+    itself: for a system Python that is /usr/lib/<arch>, and everything there (an older cuDNN, say)
+    would then shadow the libraries torch ships in the stubs (cuDNN refused to run LSTMs that way)."""
+    libdir, name = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if not libdir or not name or not (Path(libdir) / name).exists():
+        return None
+    out = Path(sys.prefix) / "share" / "triton_omni" / "libpython"
+    out.mkdir(parents=True, exist_ok=True)
+    link = out / name
+    if not link.is_symlink() or link.resolve() != (Path(libdir) / name).resolve():
+        link.unlink(missing_ok=True)
+        link.symlink_to(Path(libdir) / name)
+    return out
+
+
 def server_env(install: ServerInstall) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    lib_dirs = [str(p) for p in install.lib_dirs] + [sysconfig.get_config_var("LIBDIR") or ""]
+    lib_dirs = [str(p) for p in install.lib_dirs] + [str(libpython_dir() or "")]
     if env.get("LD_LIBRARY_PATH"):
         lib_dirs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(d for d in lib_dirs if d)
