@@ -41,21 +41,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from python_backends.ar.engine import LLMEngine
-from python_backends.ar.step import enable_kernels
 from python_backends.ar.sampling import FIELD as SAMPLING, SamplingParams
 from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from python_backends.text.tokenizer import load_tokenizer
 from python_backends.tts.chunking import ChunkedCodec, ChunkPlan, Window
 from python_backends.tts.fish import DEFAULT_SAMPLING, FishConfig, FishPrompt, fish_engine, load_fish, prompt_ids
 from python_backends.tts.fish_codec import load_codec, load_codec_encoder
-from python_backends.tts.omnivoice import resample
-from python_backends.tts.omnivoice_steps import file_rate, has_value
 from python_backends.tts.qwen3_tts_steps import TalkerFrames, TalkerFramesParams
-from python_backends.tts.request import SPEECH, SPEECH_INPUTS, Speech, parse_reference, parse_speech
+from python_backends.tts.request import SPEECH, SPEECH_INPUTS, Speech, has_reference, parse_speech, read_reference
 
 VOICES = ["default"]            # the model's own voice (no preset speakers in the release)
 MIN_AUDIO_FRAMES = 12           # a prompt must leave room for about half a second of audio
@@ -117,20 +112,15 @@ class FishPre(Step):
 
     def reference(self, req: Request) -> tuple[str, torch.Tensor] | None:
         """The voice to clone: (transcript, the clip's codes [N, F]), or None without one."""
-        if not any(has_value(req, name) for name in ("reference_audio", "reference_text")):
+        if not has_reference(req):
             return None
         if self.encoder is None:
             raise InvalidInput("reference_audio", f"this checkpoint cannot clone voices ({self.no_cloning})")
-        p, rate = self.params, self.encoder.sample_rate
-        own = file_rate(req) or rate                # unreadable: parse_reference says why
-        wave, transcript = parse_reference(req, own, p.min_reference_seconds, p.max_reference_seconds)
-        if not transcript:
-            raise InvalidInput("reference_text", "is required with reference_audio: the transcript of the clip "
-                                                 "(without one the model does not clone)")
-        if len(transcript) > p.max_text_chars:
-            raise InvalidInput("reference_text", f"is too long: {len(transcript)} characters; at most "
-                                                 f"{p.max_text_chars}")
-        return transcript, self.encoder.encode(resample(torch.from_numpy(wave), own, rate))
+        p = self.params
+        wave, transcript = read_reference(req, self.encoder.sample_rate, p.min_reference_seconds,
+                                          p.max_reference_seconds, p.max_text_chars,
+                                          "without one the model does not clone")
+        return transcript, self.encoder.encode(wave)
 
     def one(self, req: Request) -> dict:
         p = self.params
@@ -209,18 +199,13 @@ class FishTalker(TalkerFrames):
         SPEECH,
     )
     Params = FishTalkerParams
+    load_model = staticmethod(load_fish)        # TalkerFrames.make_engine builds the engine with these
+    model_engine = staticmethod(fish_engine)
 
-    def make_engine(self, folder) -> LLMEngine:
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
         p = self.params
-        if p.load_format != "auto":
-            raise ValueError("load_format must be 'auto'")
-        self.model = load_fish(folder, self.ctx.device, torch_dtype(p.dtype))
-        enable_kernels(self.ctx.device, p.use_triton_kernels)
         self.plan = ChunkPlan(p.first_chunk_frames, p.chunk_frames, p.context_frames, 0)
-        engine = fish_engine(self.model, p.engine_config())
-        if engine.runner.use_graphs:
-            engine.runner.capture_graphs()
-        return engine
 
     def submit(self, request: Request, sink: ResponseSink) -> None:
         from python_backends.tts.qwen3_tts_steps import _FrameReply

@@ -41,8 +41,9 @@ from python_backends.runtime.step import Request, Step, StepContext, register
 from python_backends.text.tokenizer import load_tokenizer
 from python_backends.tts.omnivoice import (Codec, CodecEncoder, Job, OmniVoiceModel, Settings, codec_sizes,
                                            estimate_frames, finish, generate, prepare_reference, prompt_ids,
-                                           punctuate, resample, voice_design)
-from python_backends.tts.request import SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, parse_reference, parse_speech
+                                           punctuate, voice_design)
+from python_backends.tts.request import (SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, has_reference, parse_speech,
+                                         read_reference)
 
 AUTO = "auto"
 
@@ -101,20 +102,12 @@ class OmniVoicePre(Step):
         """The request's voice to clone: (codes [codebooks, frames], punctuated transcript, the clip's
         RMS), or None without one. The clip is decoded at its own rate and resampled as the release
         resamples it (torchaudio's sinc kernel, rebuilt in `resample`)."""
-        given = [name for name in ("reference_audio", "reference_text") if has_value(req, name)]
-        if not given:
+        if not has_reference(req):
             return None
         p, rate = self.params, self.encoder.sample_rate
-        own = file_rate(req) or rate                # unreadable: parse_reference says why
-        wave, transcript = parse_reference(req, own, p.min_reference_seconds, p.max_reference_seconds)
-        if not transcript:
-            raise InvalidInput("reference_text", "is required with reference_audio: the transcript of the clip "
-                                                 "(automatic transcription is not served)")
-        if len(transcript) > p.max_text_chars:
-            raise InvalidInput("reference_text", f"is too long: {len(transcript)} characters; at most "
-                                                 f"{p.max_text_chars}")
-        wave = resample(torch.from_numpy(wave), own, rate).numpy()
-        wave, rms = prepare_reference(wave, rate, self.encoder.sizes.hop)
+        wave, transcript = read_reference(req, rate, p.min_reference_seconds, p.max_reference_seconds,
+                                          p.max_text_chars, "automatic transcription is not served")
+        wave, rms = prepare_reference(wave.numpy(), rate, self.encoder.sizes.hop)
         if wave.size == 0:
             raise InvalidInput("reference_audio", "is silent: nothing is left after removing silence")
         codes = self.encoder.encode(torch.from_numpy(wave)).numpy()
@@ -143,28 +136,6 @@ class OmniVoicePre(Step):
                 "speech": Speech(seed, speech.response_format, speech.stream).tensor(),
                 "reference_codes": codes.reshape(-1).astype(np.int32),
                 "reference_rms": np.asarray([rms], dtype=np.float32)}
-
-
-def has_value(req: Request, name: str) -> bool:
-    value = req.get(name)
-    return value is not None and any(len(v or b"") for v in value.reshape(-1))
-
-
-def file_rate(req: Request) -> int | None:
-    """The sample rate of the reference file's audio stream (None if PyAV cannot read it)."""
-    import io
-
-    import av
-
-    value = req.get("reference_audio")
-    data = value.reshape(-1)[0] if value is not None and value.size else b""
-    data = data.encode() if isinstance(data, str) else bytes(data or b"")
-    try:
-        with av.open(io.BytesIO(data)) as container:
-            streams = container.streams.audio
-            return int(streams[0].codec_context.sample_rate) if streams else None
-    except (av.error.FFmpegError, ValueError):
-        return None
 
 
 @dataclass

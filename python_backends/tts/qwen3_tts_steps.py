@@ -63,14 +63,18 @@ class TalkerFrames(ARDecode):
         SPEECH,
     )
     Params = TalkerFramesParams
+    # the model decoded: load_model(folder, device, dtype) and model_engine(model, engine config) are
+    # all that a talker of another model (fish_steps.FishTalker) changes
+    load_model = staticmethod(load_qwen3_tts)
+    model_engine = staticmethod(talker_engine)
 
     def make_engine(self, folder) -> LLMEngine:
         p = self.params
         if p.load_format != "auto":
             raise ValueError("load_format must be 'auto'")
-        self.model = load_qwen3_tts(folder, self.ctx.device, torch_dtype(p.dtype))
+        self.model = self.load_model(folder, self.ctx.device, torch_dtype(p.dtype))
         enable_kernels(self.ctx.device, p.use_triton_kernels)
-        engine = talker_engine(self.model, p.engine_config())
+        engine = self.model_engine(self.model, p.engine_config())
         if engine.runner.use_graphs:
             engine.runner.capture_graphs()
         return engine

@@ -113,9 +113,7 @@ def parse_reference(req: Request, rate: int, min_seconds: float, max_seconds: fl
     FLAC, MP3, ...) as a mono float waveform at `rate`, and `reference_text` (its transcript; "" if none)."""
     from python_backends.media.audio import decode
 
-    value = req.get("reference_audio")
-    data = value.reshape(-1)[0] if value is not None and value.size else b""
-    data = data.encode() if isinstance(data, str) else bytes(data or b"")
+    data = reference_bytes(req)
     if not data:
         raise InvalidInput("reference_audio", "is required: this model clones the voice of a reference clip")
     try:
@@ -132,9 +130,45 @@ def parse_reference(req: Request, rate: int, min_seconds: float, max_seconds: fl
     return wave, (req.string("reference_text") or "").strip()
 
 
+def read_reference(req: Request, rate: int, min_seconds: float, max_seconds: float, max_text_chars: int,
+                   why_transcript: str):
+    """(clip [S] as a float32 tensor at `rate`, transcript), as Fish S2 and OmniVoice read theirs: decoded at
+    the file's own rate, resampled with torchaudio's kernel (omnivoice.resample; FFmpeg's gives other
+    samples); the transcript is required, `why_transcript` says why."""
+    import torch
+
+    from python_backends.media.audio import source_rate
+    from python_backends.tts.omnivoice import resample
+
+    own = source_rate(reference_bytes(req)) or rate     # unreadable: parse_reference says why
+    wave, transcript = parse_reference(req, own, min_seconds, max_seconds)
+    if not transcript:
+        raise InvalidInput("reference_text", "is required with reference_audio: the transcript of the clip "
+                                             f"({why_transcript})")
+    if len(transcript) > max_text_chars:
+        raise InvalidInput("reference_text", f"is too long: {len(transcript)} characters; at most {max_text_chars}")
+    return resample(torch.from_numpy(wave), own, rate), transcript
+
+
+def reference_bytes(req: Request) -> bytes:
+    """The bytes of `reference_audio` (b"" when absent)."""
+    value = req.get("reference_audio")
+    data = value.reshape(-1)[0] if value is not None and value.size else b""
+    return data.encode() if isinstance(data, str) else bytes(data or b"")
+
+
+def has_value(req: Request, name: str) -> bool:
+    value = req.get(name)
+    return value is not None and any(len(v or b"") for v in value.reshape(-1))
+
+
+def has_reference(req: Request) -> bool:
+    """Either field given: the other one missing is then an error, not a reason to ignore it."""
+    return any(has_value(req, name) for name in ("reference_audio", "reference_text"))
+
+
 def reject_reference(req: Request, voices: list[str]) -> None:
     """For models without voice cloning: reference audio/text is an error, not silently ignored."""
     for name in ("reference_audio", "reference_text"):
-        value = req.get(name)
-        if value is not None and any(len(v or b"") for v in value.reshape(-1)):
+        if has_value(req, name):
             raise InvalidInput(name, f"this model does not clone voices; choose a voice ({', '.join(voices)})")
