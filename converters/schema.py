@@ -73,10 +73,10 @@ class EnsembleConfig:
     openai: dict[str, Any] = field(default_factory=dict)      # how the OpenAI proxy exposes it
     # processes of a streaming ensemble's front (python_backends/runtime/front.py): one front relays
     # every response of its streams through one lock (the stub is not thread-safe). H200, qwen3_chat
-    # 0.6B shape, c=64: 3.3k streamed tokens/s with 1 front, 5.7k with 4, 6.6-7.1k with 8, 13.6k
-    # calling the ensemble without a front. Triton spreads requests over idle instances. An int or
-    # {cpu: N, gpu: M}.
-    front_instances: Any = field(default_factory=lambda: {"cpu": 1, "gpu": 8})
+    # 0.6B shape, c=64: 3.3k streamed tokens/s with 1 front, 5.7k with 4, 7.6-8.1k with 8, 9.7-9.9k
+    # with 16 (11.1-11.3k with the chat YAMLs' GPU stream_interval 0), 13.6k calling the ensemble
+    # without a front. Triton spreads requests over idle instances. An int or {cpu: N, gpu: M}.
+    front_instances: Any = field(default_factory=lambda: {"cpu": 1, "gpu": 16})
 
     def front_count(self, target: str) -> int:
         v = self.front_instances

@@ -61,7 +61,7 @@ def test_every_generated_config_parses_and_wires(tmp_path):
     assert ar.parameters["dtype"].string_value == "bfloat16"
     front = parsed["qwen3_chat"]
     assert front.model_transaction_policy.decoupled and front.parameters["ensemble"].string_value == "qwen3_chat_ensemble"
-    assert front.instance_group[0].count == 8          # the GPU target's default front processes
+    assert front.instance_group[0].count == 16         # the GPU target's default front processes
 
 
 def test_cpu_target_and_overrides(tmp_path):

@@ -56,8 +56,10 @@ class ARParams:
     load_format: str = "auto"          # "dummy": random weights from config.json (benchmarks)
     # tokens per streamed response: n >= 1 at least n (fewer only at the end); 0 (auto): 1 while few
     # streams are live, then one more per STREAMS_PER_TOKEN live streams. Each response is a request
-    # for every later ensemble step. Measured on an H200 (qwen3_chat, qwen3-0.6b shape, c=64): auto
-    # gave 3,106 tokens/s against 2,995 with 1, within run-to-run spread, so the default stays 1.
+    # for every later ensemble step and a relay through the model's front. Measured on an H200
+    # (qwen3_chat, qwen3-0.6b shape, c=64, 8 fronts): auto 9,425 / 9,362 tokens/s against 7,610-8,087
+    # with 1; with 16 fronts 11,344 / 11,109 against 9,728 / 9,900. The chat YAMLs use auto on GPUs;
+    # the default stays 1 (a talker's frames go to its codec, not to a front).
     stream_interval: int = 1
     # Python's GIL hand-over interval in this step's process (sys.setswitchinterval). The engine thread
     # gives the GIL up at every step's device->host copy; while the delivery thread is busy sending
