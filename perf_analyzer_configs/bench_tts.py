@@ -313,21 +313,27 @@ def server_mode(ctx):
         return time.perf_counter() - t0, results
 
     def close():
-        if ctx.args.server_stats:    # where a request's time went, per step (Triton's statistics API)
-            import urllib.request
-
-            stats = json.loads(urllib.request.urlopen(f"http://{server.http_url}/v2/models/stats").read())
-            for m in stats.get("model_stats", []):
-                n, s = int(m.get("execution_count", 0)), m["inference_stats"]
-                if n:
-                    print("STATS " + json.dumps({"model": m["name"], "executions": n,
-                                                 "inferences": int(m.get("inference_count", 0)),
-                                                 **{f"{k}_ms_per_exec": int(s[k]["ns"]) / n / 1e6
-                                                    for k in ("queue", "compute_input", "compute_infer",
-                                                              "compute_output")}}), flush=True)
-        server.stop()
+        try:
+            if ctx.args.server_stats:    # where a request's time went, per step (Triton's statistics API)
+                print_server_stats(server)
+        finally:
+            server.stop()
 
     return go, close
+
+
+def print_server_stats(server) -> None:
+    """Each loaded model's Triton statistics, per execution (STATS lines on stdout)."""
+    import urllib.request
+
+    stats = json.loads(urllib.request.urlopen(f"http://{server.http_url}/v2/models/stats").read())
+    for m in stats.get("model_stats", []):
+        n, s = int(m.get("execution_count", 0)), m["inference_stats"]
+        if n:
+            print("STATS " + json.dumps({"model": m["name"], "executions": n, "inferences": int(m.get("inference_count", 0)),
+                                         **{f"{k}_ms_per_exec": int(s[k]["ns"]) / n / 1e6
+                                            for k in ("queue", "compute_input", "compute_infer", "compute_output")}}),
+                  flush=True)
 
 
 def build_steps(ctx) -> tuple[dict, int]:
