@@ -138,3 +138,20 @@ def test_padding_rows_never_advance(folder):
         for _ in range(40):                                  # more steps than a 32-token context has
             runner._decode_body(2, GREEDY, 0)
     assert runner.position[runner.scratch].item() == 0
+
+
+def test_one_abort_request_names_several_streams():
+    """The front aborts a round's cancelled streams with one request: their ids joined by ","."""
+    from types import SimpleNamespace
+
+    from python_backends.ar.step import ARDecode
+    from python_backends.runtime.front import ABORT_INPUT
+    from python_backends.runtime.step import Request, string_array
+
+    aborted, answers = [], []
+    step = SimpleNamespace(_abort=aborted.append)
+    sink = SimpleNamespace(send=lambda outputs, final=False: answers.append(final))
+    request = Request({ABORT_INPUT: string_array("a1,b2,c3")})
+    assert ARDecode.handle_abort(step, request, sink)
+    assert aborted == ["a1", "b2", "c3"] and answers == [True]
+    assert not ARDecode.handle_abort(step, Request({}), sink)

@@ -185,11 +185,13 @@ class ARDecode(Step):
         self.start(request, reply, ids.tolist(), params)
 
     def handle_abort(self, request: Request, sink: ResponseSink) -> bool:
-        """True if this request is the front's abort for another one (then it is answered here)."""
-        abort_id = request.string(ABORT_INPUT)
-        if abort_id is None:
+        """True if this request is the front's abort for others (then it is answered here): their
+        request ids, joined by ","."""
+        abort_ids = request.string(ABORT_INPUT)
+        if abort_ids is None:
             return False
-        self._abort(abort_id)
+        for abort_id in abort_ids.split(","):
+            self._abort(abort_id)
         sink.send({}, final=True)
         return True
 

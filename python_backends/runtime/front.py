@@ -131,23 +131,26 @@ class StreamFront:
             time.sleep(CANCEL_CHECK_S)
             with self.lock:       # a few streams per round: each question is a round trip
                 items = sorted(self.active.items(), key=lambda kv: kv[1].last_checked)[:CHECKS_PER_ROUND]
-            for inner_id, stream in items:
-                if stream.check_cancelled():
-                    self._abort(inner_id)
+            cancelled = [inner_id for inner_id, stream in items if stream.check_cancelled()]
+            if cancelled:
+                self._abort(cancelled)
 
-    def _abort(self, inner_id: str) -> None:
+    def _abort(self, inner_ids: list[str]) -> None:
+        """One abort request per streaming step for all of a round's cancelled streams (ids joined by
+        ","): each request is a round trip made under the stub lock, which every relay waits for."""
         pb = self.pb
-        value = np.array([[inner_id.encode()]] if self.batched else [inner_id.encode()], dtype=np.object_)
+        joined = ",".join(inner_ids).encode()
+        value = np.array([[joined]] if self.batched else [joined], dtype=np.object_)
         for model in self.abort_models:
             try:
                 with STUB_LOCK:
                     req = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(ABORT_INPUT, value)],
-                                              requested_output_names=[], request_id=f"abort-{inner_id}")
+                                              requested_output_names=[], request_id=f"abort-{inner_ids[0]}")
                     replies = req.exec(decoupled=True)
                 for _ in replies:
                     pass
             except Exception as exc:  # noqa: BLE001
-                pb.Logger.log_error(f"{self.ensemble}: abort of {inner_id} in {model} failed: {exc!r}")
+                pb.Logger.log_error(f"{self.ensemble}: abort of {inner_ids} in {model} failed: {exc!r}")
 
     def finalize(self) -> None:
         self._stop = True
