@@ -68,18 +68,6 @@ def encode(wave: np.ndarray, rate: int, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def source_rate(data: bytes) -> int | None:
-    """The sample rate of an audio file's first audio stream (None if PyAV cannot read one)."""
-    import av
-
-    try:
-        with av.open(io.BytesIO(data)) as container:
-            streams = container.streams.audio
-            return int(streams[0].codec_context.sample_rate) if streams else None
-    except (av.error.FFmpegError, ValueError):
-        return None
-
-
 def decode(data: bytes, rate: int | None = None) -> tuple[np.ndarray, int]:
     """Any audio file PyAV reads -> (mono float32 waveform, sample rate). With `rate`, resampled
     to it. Floats as FFmpeg makes them (s16 / 32768). Raises ValueError for bytes that are not audio."""

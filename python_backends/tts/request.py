@@ -111,13 +111,20 @@ def parse_speech(req: Request, voices: list[str], default_voice: str, max_text_c
 def parse_reference(req: Request, rate: int, min_seconds: float, max_seconds: float) -> tuple[np.ndarray, str]:
     """A voice-cloning model's reference: `reference_audio` (the bytes of an audio file PyAV reads: WAV,
     FLAC, MP3, ...) as a mono float waveform at `rate`, and `reference_text` (its transcript; "" if none)."""
+    wave, _ = reference_clip(req, rate, min_seconds, max_seconds)
+    return wave, (req.string("reference_text") or "").strip()
+
+
+def reference_clip(req: Request, rate: int | None, min_seconds: float, max_seconds: float) -> tuple[np.ndarray, int]:
+    """`reference_audio` decoded to a mono float waveform at `rate` (None: the file's own), checked;
+    (waveform, its rate)."""
     from python_backends.media.audio import decode
 
     data = reference_bytes(req)
     if not data:
         raise InvalidInput("reference_audio", "is required: this model clones the voice of a reference clip")
     try:
-        wave, _ = decode(data, rate)
+        wave, rate = decode(data, rate)
     except ValueError as exc:
         raise InvalidInput("reference_audio", str(exc)) from None
     seconds = wave.size / rate
@@ -127,7 +134,7 @@ def parse_reference(req: Request, rate: int, min_seconds: float, max_seconds: fl
         raise InvalidInput("reference_audio", f"is too long: {seconds:.1f} s; at most {max_seconds} s")
     if not np.isfinite(wave).all():
         raise InvalidInput("reference_audio", "has samples that are not finite numbers")
-    return wave, (req.string("reference_text") or "").strip()
+    return wave, rate
 
 
 def read_reference(req: Request, rate: int, min_seconds: float, max_seconds: float, max_text_chars: int,
@@ -137,11 +144,10 @@ def read_reference(req: Request, rate: int, min_seconds: float, max_seconds: flo
     samples); the transcript is required, `why_transcript` says why."""
     import torch
 
-    from python_backends.media.audio import source_rate
     from python_backends.tts.omnivoice import resample
 
-    own = source_rate(reference_bytes(req)) or rate     # unreadable: parse_reference says why
-    wave, transcript = parse_reference(req, own, min_seconds, max_seconds)
+    wave, own = reference_clip(req, None, min_seconds, max_seconds)      # one decode, at the file's rate
+    transcript = (req.string("reference_text") or "").strip()
     if not transcript:
         raise InvalidInput("reference_text", "is required with reference_audio: the transcript of the clip "
                                              f"({why_transcript})")
