@@ -120,3 +120,27 @@ def test_engine_graph_decode_equals_eager_and_one_by_one(folder, kernels_on):
         alone = [g.generate([p], params)[0] for p in prompts]    # bucket 1
         assert graphs == eager == alone
         assert len(g.runner.graphs) >= 2 and all(len(f) == 16 for o in graphs for f in o)
+
+
+def test_codec_state_pool_graphs_equal_eager(folder):
+    """The served codec's calls (StatePool): replayed as CUDA graphs per (rows, frames) they give the
+    samples and states of eager calls, for streams interleaved at different points, padded with the
+    scratch row, in chunks of the plan's sizes."""
+    from python_backends.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
+
+    codec = load_codec(folder, "cuda")
+    eager = StatePool(StreamingDecoder(codec.decoder), 4)
+    graphs = StatePool(StreamingDecoder(codec.decoder), 4, graph_rows=(1, 2, 4), graph_frames=12)
+    g = torch.Generator().manual_seed(7)
+    for pool in (eager, graphs):
+        for r in range(4):
+            pool.reset(r)
+    calls = [([0], 3), ([0, 1], 12), ([1, 2, 3, 4], 3), ([2, 0], 12), ([3, 1, 2, 4], 12), ([0], 5), ([3], 20)]
+    for rows, t in calls:
+        codes = torch.randint(0, 2048, (len(rows), t, codec.num_quantizers), generator=g).cuda()
+        want, got = eager.decode(rows, codes), graphs.decode(rows, codes)
+        real = [i for i, r in enumerate(rows) if r != 4]
+        assert torch.equal(got[real], want[real]), (rows, t)
+    assert (4, 12) in graphs.graphs and (1, 20) not in graphs.graphs       # 20 frames: eager
+    for a, b in zip(eager.states.tensors(), graphs.states.tensors()):
+        assert torch.equal(a[:4], b[:4])

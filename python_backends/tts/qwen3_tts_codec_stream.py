@@ -221,3 +221,77 @@ def _history(m: nn.Module) -> int:
     if isinstance(m, CausalConvTranspose1d):
         return (m.conv.kernel_size[0] - 1) // m.conv.stride[0]
     return 0
+
+
+class StatePool:
+    """Every live stream's state as a row of one preallocated state, decoded a call at a time: a call
+    gathers its rows, decodes their next T frames and writes the rows back. Row `scratch` (the last one)
+    belongs to no stream: calls pad to their batch size with it, and its state is garbage.
+
+    On CUDA a call is ~1,300 small kernels (a Python walk over a launch-bound decoder), so each
+    (rows, T) shape up to (max(graph_rows), graph_frames) runs as one CUDA graph of the whole call:
+    gather, decode, write back. Captured on first use (`capture` does them all up front), replayed
+    with the call's row indices and codes copied into static buffers; other shapes (a voice clone's
+    reference frames) run eagerly. A graph replays the kernels the eager call would launch, so the
+    samples are the same either way."""
+
+    def __init__(self, decoder: StreamingDecoder, max_streams: int, graph_rows: tuple[int, ...] = (),
+                 graph_frames: int = 0):
+        self.decoder = decoder
+        self.states = decoder.start(max_streams + 1)
+        self.scratch = max_streams
+        self.fresh = decoder.start(1)
+        self.device = self.states.pos.device
+        self.graph_rows, self.graph_frames = sorted(graph_rows), graph_frames
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+        if self.graph_rows and graph_frames:
+            if self.device.type != "cuda":
+                raise ValueError("CUDA graphs need the decoder on a CUDA device")
+            n = decoder.decoder.num_quantizers
+            self.rows = torch.full((self.graph_rows[-1],), self.scratch, dtype=torch.long, device=self.device)
+            self.codes = torch.zeros(self.graph_rows[-1], graph_frames, n, dtype=torch.long, device=self.device)
+
+    def reset(self, row: int) -> None:
+        """Row `row` starts a new stream (frame 0 next)."""
+        self.states.put(torch.tensor([row], device=self.device), self.fresh)
+
+    @torch.no_grad()
+    def decode(self, rows: list[int], codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, T, N] (on the pool's device), row i the next T frames of the stream in rows[i]
+        (the scratch row for padding) -> waveform [B, T * 1920] on the host; the rows' states advance."""
+        b, t = len(rows), codes.shape[1]
+        if (b, t) in self.graphs or (b in self.graph_rows and 0 < t <= self.graph_frames):
+            graph, out = self.graphs.get((b, t)) or self._capture(b, t)
+            self.rows[:b].copy_(torch.tensor(rows), non_blocking=True)
+            self.codes[:b, :t].copy_(codes)
+            graph.replay()
+            return out.cpu()
+        index = torch.tensor(rows, device=self.device)
+        return self._call(index, codes).cpu()
+
+    def _call(self, index: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        wave, state = self.decoder.decode(codes, self.states.select(index))
+        self.states.put(index, state)
+        return wave
+
+    def capture(self) -> None:
+        for b in self.graph_rows:
+            for t in range(1, self.graph_frames + 1):
+                self._capture(b, t)
+
+    def _capture(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture the (b, t) call on the scratch row (a warm-up call first: kernels picked, memory made)."""
+        if (b, t) in self.graphs:
+            return self.graphs[b, t]
+        rows, codes = self.rows[:b], self.codes[:b, :t]
+        rows.fill_(self.scratch)
+        codes.zero_()
+        torch.cuda.synchronize(self.device)
+        self._call(rows, codes)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._call(rows, codes)
+        self._pool = graph.pool()
+        self.graphs[b, t] = graph, out
+        return graph, out

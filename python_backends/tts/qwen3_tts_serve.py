@@ -22,7 +22,8 @@
                      decodes the chunks of all streams in a Triton batch together (streams at different
                      points share a call: the rows only share the chunk length), and frees a row after
                      its stream's last chunk, or after `stream_idle_s` without a chunk (a cancelled
-                     stream never sends its last one).
+                     stream never sends its last one). On a GPU each call shape is one CUDA graph
+                     (`cuda_graphs`; StatePool in python_backends/tts/qwen3_tts_codec_stream.py).
 
 Exactness. The decoder is fully causal (no lookahead) and a stream's state holds all the past still
 contributes, so each chunk's samples equal the whole-utterance decode's up to float rounding (the sums
@@ -63,7 +64,7 @@ from python_backends.text.tokenizer import load_tokenizer
 from python_backends.tts.chunking import ChunkPlan
 from python_backends.tts.qwen3_tts import assistant_text, instruct_text, language_id, languages, reference_text
 from python_backends.tts.qwen3_tts_codec import load_codec
-from python_backends.tts.qwen3_tts_codec_stream import StreamingDecoder
+from python_backends.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
 from python_backends.tts.qwen3_tts_steps import (REFERENCE_REPETITION_PENALTY, REFERENCE_SAMPLING, TalkerFrames,
                                                  TalkerFramesParams)
 from python_backends.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_reference,
@@ -286,6 +287,8 @@ class Qwen3TTSCodecParams:
     pad_rows: str = "fixed"         # "fixed" | "pow2": see the module docstring
     max_streams: int = 32           # decoder states kept at once (a row each, allocated at start)
     stream_idle_s: float = 60.0     # a state without a chunk for this long is dropped
+    cuda_graphs: bool = False       # each call shape of up to max(first_chunk_frames, chunk_frames) frames
+                                    # as one CUDA graph, all captured at start (GPU only)
 
 
 @dataclass
@@ -327,9 +330,12 @@ class Qwen3TTSCodecStep(Step):
         self.sample_rate, self.n = self.codec.sample_rate, self.codec.num_quantizers
         self.codebook_size = self.codec.decoder.config["codebook_size"]
         self.plan = ChunkPlan(p.first_chunk_frames, p.chunk_frames, 0, 0)
-        self.decoder = StreamingDecoder(self.codec.decoder)
-        self.states = self.decoder.start(p.max_streams)        # row r: the state of the stream holding r
-        self.fresh = self.decoder.start(1)
+        sizes = [p.decode_batch] if p.pad_rows == "fixed" else [1 << i for i in range(p.decode_batch.bit_length())]
+        graphs = p.cuda_graphs and self.codec.decoder.pre_conv.conv.weight.is_cuda
+        self.pool = StatePool(StreamingDecoder(self.codec.decoder), p.max_streams,  # row r: the stream holding r
+                              tuple(sizes) if graphs else (), max(p.first_chunk_frames, p.chunk_frames))
+        if graphs:
+            self.pool.capture()
         self.free = list(range(p.max_streams - 1, -1, -1))
         self.streams: dict[str, _Stream] = {}
 
@@ -423,7 +429,7 @@ class Qwen3TTSCodecStep(Step):
             raise Unavailable(f"stream {chunk.stream} cannot start: all max_streams = {self.params.max_streams} "
                               "decoder states are in use by live streams")
         row = self.free.pop()
-        self.states.put(torch.tensor([row], device=self.states.pos.device), self.fresh)
+        self.pool.reset(row)
         self.streams[chunk.stream] = _Stream(row, chunk.start, now)
 
     def drop(self, stream: str) -> None:
@@ -441,16 +447,15 @@ class Qwen3TTSCodecStep(Step):
 
     def decode(self, group: list[_Chunk]) -> list[np.ndarray]:
         """Same-length chunks of distinct streams -> their waveforms; the streams' states advance.
-        `decode_batch` rows per call at most, padded with copies of the first row (see pad_rows)."""
-        n, device, out = self.params.decode_batch, self.states.pos.device, []
+        `decode_batch` rows per call at most, padded (see pad_rows) with the pool's scratch row decoding
+        the first chunk's codes."""
+        n, out = self.params.decode_batch, []
         for i in range(0, len(group), n):
             part = group[i:i + n]
             size = n if self.params.pad_rows == "fixed" else min(n, 1 << (len(part) - 1).bit_length())
-            part_rows = part + [part[0]] * (size - len(part))
-            rows = torch.tensor([self.streams[c.stream].row for c in part_rows], device=device)
-            codes = torch.from_numpy(np.stack([c.codes for c in part_rows]).astype(np.int64))
-            codes = codes.clamp(0, self.codebook_size - 1).to(device)     # ignore_eos may leave EOS in code 0
-            wave, state = self.decoder.decode(codes, self.states.select(rows))
-            self.states.put(rows[:len(part)], state)                       # padding rows are dropped
-            out += list(wave[:len(part)].float().cpu().numpy())
+            pad = size - len(part)
+            rows = [self.streams[c.stream].row for c in part] + [self.pool.scratch] * pad
+            codes = torch.from_numpy(np.stack([c.codes for c in part + [part[0]] * pad]).astype(np.int64))
+            codes = codes.clamp(0, self.codebook_size - 1).to(self.pool.device)  # ignore_eos may leave EOS in code 0
+            out += list(self.pool.decode(rows, codes)[:len(part)].float().numpy())
         return out

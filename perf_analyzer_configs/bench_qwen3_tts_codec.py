@@ -1,0 +1,85 @@
+"""The Qwen3-TTS codec step's decoder calls alone, at the release decoder's size (random float32 weights,
+as bench_tts.py writes them): milliseconds per call of the served stateful decode (StatePool in
+python_backends/tts/qwen3_tts_codec_stream.py) for the chunk shapes the server makes: rows (streams in
+one call, padded to powers of two as on a GPU) x frames (the first chunk's 3, later chunks' 12), eager
+(a Python walk over ~1,300 kernels) and replayed as one CUDA graph per shape.
+
+    python perf_analyzer_configs/bench_qwen3_tts_codec.py --out /tmp/codec_calls.json     # on the GPU
+
+Prints one JSON line per shape and mode; --out writes them all with the command, GPU and versions.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from perf_analyzer_configs.bench_tts import write_qwen3_tts  # noqa: E402
+from python_backends.tts.qwen3_tts_codec import load_codec  # noqa: E402
+from python_backends.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder  # noqa: E402
+
+
+def time_calls(pool: StatePool, rows: int, frames: int, calls: int) -> float:
+    """Mean ms per call over `calls` calls of rows x frames (after two warm-up calls), each on fresh
+    streams' rows that advance call by call as a stream's would."""
+    n = pool.decoder.decoder.num_quantizers
+    ids = list(range(rows))
+    for r in ids:
+        pool.reset(r)
+    codes = torch.randint(0, 2048, (rows, frames, n), device=pool.device)
+    for _ in range(2):
+        pool.decode(ids, codes)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        pool.decode(ids, codes)                     # ends with the waveform's copy to the host
+    return (time.perf_counter() - t0) / calls * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--frames", type=int, nargs="+", default=[3, 12])
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--workdir", default="/tmp/triton-omni-bench-tts")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    folder = write_qwen3_tts(Path(args.workdir) / "checkpoints", "real", "cuda", torch.bfloat16)
+    codec = load_codec(folder, "cuda", torch.float32)
+    decoder = StreamingDecoder(codec.decoder)
+    sizes = tuple(sorted({1 << (r - 1).bit_length() for r in args.rows}))
+    eager = StatePool(decoder, max(sizes))
+    t0 = time.perf_counter()
+    graphs = StatePool(decoder, max(sizes), graph_rows=sizes, graph_frames=max(args.frames))
+    graphs.capture()
+    capture_s = time.perf_counter() - t0
+    print(json.dumps({"capture_s": round(capture_s, 2), "graphs": len(graphs.graphs)}), flush=True)
+    rows = []
+    for r in args.rows:
+        for t in args.frames:
+            row = {"rows": r, "frames": t, "audio_s_per_call": r * t * 0.08}
+            for mode, pool in (("eager", eager), ("graphs", graphs)):
+                row[f"{mode}_ms"] = round(time_calls(pool, r, t, args.calls), 2)
+            row["speedup"] = round(row["eager_ms"] / row["graphs_ms"], 2)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "command": "python perf_analyzer_configs/bench_qwen3_tts_codec.py " + " ".join(sys.argv[1:]),
+            "gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "torch": torch.__version__, "capture_s": round(capture_s, 2), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
