@@ -7,12 +7,16 @@ one call, padded to powers of two as on a GPU) x frames (the first chunk's 3, la
     python perf_analyzer_configs/bench_qwen3_tts_codec.py --out /tmp/codec_calls.json     # on the GPU
 
 Prints one JSON line per shape and mode; --out writes them all with the command, GPU and versions.
+--busy also times them while another process keeps the GPU busy as the talker does when served (a CUDA
+graph of small matmuls replayed back to back, each replay followed by a small host copy): Triton runs
+each step in its own process, and the GPU time-slices between processes.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +29,27 @@ import torch  # noqa: E402
 from perf_analyzer_configs.bench_tts import write_qwen3_tts  # noqa: E402
 from python_backends.tts.qwen3_tts_codec import load_codec  # noqa: E402
 from python_backends.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder  # noqa: E402
+
+
+BUSY = """
+import sys, torch
+x = torch.randn(16, 1024, device="cuda", dtype=torch.bfloat16)
+ws = [torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) / 32 for _ in range(8)]
+def step():
+    y = x
+    for _ in range(40):
+        for w in ws:
+            y = torch.tanh(y @ w)
+    return y[:, :4]
+step(); torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    out = step()
+print("ready", flush=True)
+while True:
+    g.replay()
+    out.cpu()
+"""
 
 
 def time_calls(pool: StatePool, rows: int, frames: int, calls: int) -> float:
@@ -50,6 +75,7 @@ def main() -> int:
     ap.add_argument("--frames", type=int, nargs="+", default=[3, 12])
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench-tts")
+    ap.add_argument("--busy", action="store_true", help="also time the calls beside a GPU-busy process")
     ap.add_argument("--out")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -64,20 +90,37 @@ def main() -> int:
     graphs.capture()
     capture_s = time.perf_counter() - t0
     print(json.dumps({"capture_s": round(capture_s, 2), "graphs": len(graphs.graphs)}), flush=True)
-    rows = []
-    for r in args.rows:
-        for t in args.frames:
-            row = {"rows": r, "frames": t, "audio_s_per_call": r * t * 0.08}
-            for mode, pool in (("eager", eager), ("graphs", graphs)):
-                row[f"{mode}_ms"] = round(time_calls(pool, r, t, args.calls), 2)
-            row["speedup"] = round(row["eager_ms"] / row["graphs_ms"], 2)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    rows, syncs = [], {}
+    for busy in (False, True) if args.busy else (False,):
+        neighbour = None
+        if busy:
+            neighbour = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
+            assert neighbour.stdout.readline().strip() == "ready"
+        try:
+            t0 = time.perf_counter()
+            x = torch.randn(16, 1024, device="cuda")
+            for _ in range(200):                    # one small kernel and a sync: the scheduling latency
+                (x @ x.T)[0, 0].item()
+            syncs[str(busy)] = round((time.perf_counter() - t0) / 200 * 1e3, 3)
+            print(json.dumps({"busy_neighbour": busy, "tiny_sync_ms": syncs[str(busy)]}), flush=True)
+            for r in args.rows:
+                for t in args.frames:
+                    row = {"rows": r, "frames": t, "audio_s_per_call": r * t * 0.08, "busy_neighbour": busy}
+                    for mode, pool in (("eager", eager), ("graphs", graphs)):
+                        row[f"{mode}_ms"] = round(time_calls(pool, r, t, args.calls), 2)
+                    row["speedup"] = round(row["eager_ms"] / row["graphs_ms"], 2)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+        finally:
+            if neighbour:
+                neighbour.kill()
+                neighbour.wait()
     if args.out:
         Path(args.out).write_text(json.dumps({
             "command": "python perf_analyzer_configs/bench_qwen3_tts_codec.py " + " ".join(sys.argv[1:]),
             "gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "torch": torch.__version__, "capture_s": round(capture_s, 2), "rows": rows}, indent=1))
+            "torch": torch.__version__, "capture_s": round(capture_s, 2),
+            "tiny_sync_ms_by_busy_neighbour": syncs, "rows": rows}, indent=1))
     return 0
 
 

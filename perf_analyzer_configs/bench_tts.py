@@ -291,7 +291,8 @@ def server_mode(ctx):
 
     repo = Path(ctx.args.workdir) / f"repository-{ctx.name}"
     write_repository(load_configs([ctx.name], [f"{ctx.name}={ctx.folder}"], ctx.overrides), repo, ctx.target)
-    server = TritonServer(repo, models=[ctx.name], log_path=Path(ctx.args.workdir) / f"server-{ctx.name}.log")
+    server = TritonServer(repo, models=[ctx.name], log_path=Path(ctx.args.workdir) / f"server-{ctx.name}.log",
+                          extra_args=list(ctx.args.server_arg))
     server.start(timeout=1800)
 
     def one(i, t0):
@@ -599,6 +600,8 @@ def main() -> int:
     ap.add_argument("--merge", nargs="+", type=Path, help="combine the results of separate runs into --out")
     ap.add_argument("--note", action="append", default=[], help="a note for the results")
     ap.add_argument("--set", action="append", default=[], help="a converter override for the server mode (KEY=VALUE)")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="an extra tritonserver argument for the server mode, e.g. --server-arg=--trace-config=rate=1")
     ap.add_argument("--server-stats", action="store_true", help="print each served step's Triton statistics at the end")
     args = ap.parse_args()
     if args.merge:
