@@ -111,8 +111,9 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(folder, prompts):
 
 
 def test_padded_batches_as_in_cuda_graph_buckets(folder, prompts, monkeypatch):
-    """What a CUDA-graph bucket replays, run eagerly on the CPU: 3 rows padded to 4 with the scratch row
-    (whose state every padded step writes) give the frames of unpadded decode."""
+    """What the CUDA-graph buckets replay, run eagerly on the CPU: the first frame (sampled from the
+    prompts' hidden states) and the decode steps, 3 rows padded to 4 with the scratch row (whose state
+    every padded step writes), give the frames of unpadded decode."""
     from python_backends.ar.model_runner import GREEDY as GREEDY_VARIANT, ModelRunner
 
     want = make_engine(load_qwen3_tts(folder)).generate(prompts, GREEDY)
@@ -120,17 +121,17 @@ def test_padded_batches_as_in_cuda_graph_buckets(folder, prompts, monkeypatch):
     runner, buckets = engine.runner, []
 
     class Body:          # the captured step, eager (the torch attention path needs a host bound)
-        def __init__(self, bs, variant):
-            self.bs, self.variant = bs, variant
-            buckets.append((bs, variant))
+        def __init__(self, bs, variant, first=False):
+            self.key = bs, variant, first
+            buckets.append(self.key)
 
         def replay(self):
-            runner.out[:, :self.bs] = runner._decode_body(self.bs, self.variant, runner.config.max_model_len)
+            runner.out[:, :self.key[0]] = runner._graph_body(*self.key, runner.config.max_model_len)
 
     monkeypatch.setattr(ModelRunner, "use_graphs", property(lambda self: True))
     monkeypatch.setattr(runner, "_graph", Body)
     assert engine.generate(prompts, GREEDY) == want
-    assert set(buckets) == {(4, GREEDY_VARIANT)}
+    assert set(buckets) == {(4, GREEDY_VARIANT, False), (4, GREEDY_VARIANT, True)}
 
 
 # --- the decoupled step ----------------------------------------------------------------------------

@@ -112,8 +112,13 @@ class ModelRunner:
         self.max_batch = max([config.max_num_seqs, *self.graph_sizes])
         self.rows = torch.full((self.max_batch,), self.scratch, dtype=torch.int64, device=device)
         self.out = z(self.num_codes + 1, self.max_batch)
+        # a frame model's first-frame graphs read their rows and the prompts' last hidden states here
+        self.first_rows, self.first_hidden = self.rows.clone(), None
         if self.frame_model:
             model.allocate_rows(rows, self.max_batch, config.max_model_len)
+            with torch.no_grad():               # a decoder's hidden states are as wide as its input embeddings
+                embeds = model.decode_embeds(self.rows[:1], self.out_count[:1])
+            self.first_hidden = embeds.new_zeros((self.max_batch, embeds.shape[-1]))
         self._rows_key: tuple[int, ...] = ()
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self.graph_pool = None
@@ -227,27 +232,38 @@ class ModelRunner:
         self.position[rows] = torch.where(valid, pos + 1, pos)
         return result
 
-    def _graph(self, bs: int, variant: str) -> torch.cuda.CUDAGraph:
-        key = (bs, variant)
+    def _graph(self, bs: int, variant: str, first: bool = False) -> torch.cuda.CUDAGraph:
+        """The decode step of `bs` rows as a CUDA graph; `first`: only a frame model's first frame
+        from the prompts' hidden states (its sampler, e.g. a code predictor's sub-steps)."""
+        key = (bs, variant, first)
         if key not in self.graphs:
             saved = self.rows.clone()
             self.rows.fill_(self.scratch)                       # capture on padding rows only
+            self.first_rows.fill_(self.scratch)
             torch.cuda.synchronize(self.device)
-            self._decode_body(bs, variant, 0)                   # warm-up (kernels compiled, allocations made)
+            self._graph_body(bs, variant, first)                # warm-up (kernels compiled, allocations made)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.graph_pool):
-                self.out[:, :bs] = self._decode_body(bs, variant, 0)
+                self.out[:, :bs] = self._graph_body(bs, variant, first)
             self.graph_pool = graph.pool()
             self.graphs[key] = graph
             self.rows.copy_(saved)
             self._rows_key = ()
         return self.graphs[key]
 
+    def _graph_body(self, bs: int, variant: str, first: bool, max_context_len: int = 0) -> torch.Tensor:
+        if first:
+            return self._sample_and_check(self.first_hidden[:bs], self.first_rows[:bs], variant)
+        return self._decode_body(bs, variant, max_context_len)
+
     def capture_graphs(self, variants=(GREEDY, SAMPLE)) -> None:
-        """Capture the decode step for every batch-size bucket (GPU, Triton kernels on)."""
+        """Capture the decode step for every batch-size bucket (GPU, Triton kernels on); for a frame
+        model also the first frame's sampler."""
         for bs in self.graph_sizes:
             for v in variants:
                 self._graph(bs, v)
+                if self.frame_model:
+                    self._graph(bs, v, first=True)
 
     @property
     def use_graphs(self) -> bool:
@@ -276,9 +292,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], blocks: BlockManager) -> StepHandle:
-        hidden = self.prefill_hidden(seqs, blocks)
-        rows = self.upload([s.row for s in seqs])
-        result = self._sample_and_check(hidden, rows, self.variant(seqs))
+        hidden, n, variant = self.prefill_hidden(seqs, blocks), len(seqs), self.variant(seqs)
+        # a frame model's first frame: its sampler is ~1,700 small kernels (a code predictor's
+        # sub-steps), tens of ms of launches eagerly: replayed as a graph of the decode buckets' sizes
+        bucket = next((b for b in self.graph_sizes if b >= n), None) if self.use_graphs and self.frame_model else None
+        if bucket is None:
+            result = self._sample_and_check(hidden, self.upload([s.row for s in seqs]), variant)
+        else:
+            self.first_hidden[:n].copy_(hidden)
+            self.first_rows[:bucket].copy_(self.upload([s.row for s in seqs] + [self.scratch] * (bucket - n)))
+            self._graph(bucket, variant, first=True).replay()
+            result = self.out[:, :n]
         self._rows_key = ()
         return self._copy_out(seqs, result)
 
