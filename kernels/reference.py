@@ -115,6 +115,6 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
     for n in seq_lens:
         qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
         out.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
-                                                  enable_gqa=qs.shape[0] != ks.shape[0]).transpose(0, 1))
+                                                  enable_gqa=True).transpose(0, 1))
         start += n
     return torch.cat(out, dim=0)

@@ -309,3 +309,17 @@ def test_paged_decode_attention_detects_wrong_scale():
     out = ops.paged_decode_attention(q, k_cache, v_cache, block_tables, lens, 0.5 * 32 ** -0.5)
     with pytest.raises(AssertionError):
         _close(out, ref, ATTN_TOL[torch.float32])
+
+
+@pytest.mark.skipif(not CUDA, reason="the CUDA path of dispatch.prefill_attention")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_attention_cuda_path(dtype):
+    """dispatch's CUDA prefill attention (4-D, kv heads repeated: the flash kernel where it applies)
+    against the reference's grouped-query call, for packed prompts of several lengths."""
+    from kernels import dispatch
+
+    lens, hq, hk, d = [37, 1, 200, 64], 16, 4, 128
+    g = _gen(11)
+    q, k, v = (torch.randn(sum(lens), h, d, device=DEVICE, dtype=dtype, generator=g) for h in (hq, hk, hk))
+    _close(dispatch.prefill_attention(q, k, v, lens, d ** -0.5), reference.prefill_attention(q, k, v, lens, d ** -0.5),
+           ATTN_TOL[dtype])

@@ -299,9 +299,10 @@ class ModelRunner:
         if bucket is None:
             result = self._sample_and_check(hidden, self.upload([s.row for s in seqs]), variant)
         else:
+            graph = self._graph(bucket, variant, first=True)     # before the inputs: a capture overwrites them
             self.first_hidden[:n].copy_(hidden)
             self.first_rows[:bucket].copy_(self.upload([s.row for s in seqs] + [self.scratch] * (bucket - n)))
-            self._graph(bucket, variant, first=True).replay()
+            graph.replay()
             result = self.out[:, :n]
         self._rows_key = ()
         return self._copy_out(seqs, result)
