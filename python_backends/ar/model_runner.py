@@ -28,6 +28,7 @@ from python_backends.ar.config import EngineConfig
 from python_backends.ar.sampling import sample
 from python_backends.ar.sequence import Sequence
 from python_backends.models.context import AttentionCacheSpec, ForwardContext, RecurrentStateSpec
+from python_backends.runtime.device import upload
 
 MAX_STOP_IDS = 16           # eos + stop_token_ids per request (validated in SamplingParams)
 FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
@@ -158,11 +159,7 @@ class ModelRunner:
                 raise TypeError(f"unknown cache spec {spec!r}")
 
     def upload(self, values, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        """Host values -> a device tensor, without waiting for the GPU. A copy from pageable host
-        memory first waits for every kernel already queued (the step in flight); one from pinned
-        memory does not (torch's pinned-memory cache keeps the buffer until the copy has run)."""
-        host = torch.as_tensor(values, dtype=dtype)
-        return host.pin_memory().to(self.device, non_blocking=True) if self.cuda else host
+        return upload(values, self.device, dtype)
 
     # -- per-sequence state -------------------------------------------------------------------
     def admit(self, seq: Sequence, eos_token_ids: set[int]) -> None:

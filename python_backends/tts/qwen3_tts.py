@@ -47,6 +47,7 @@ from kernels import dispatch
 from python_backends.models.context import ForwardContext
 from python_backends.models.decoder import PACKED, DecoderModel, dense_layer
 from python_backends.models.loader import load_weights
+from python_backends.runtime.device import upload
 
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]     # (logits [B, V], sub-step j) -> codes [B]
 
@@ -400,7 +401,7 @@ class Qwen3TTS(nn.Module):
         table = self.config.raw["talker_config"].get("spk_id") or {}
         if speaker.lower() not in table:
             raise ValueError(f"speaker {speaker!r} is not supported; supported: {self.speakers()}")
-        ids = torch.tensor(table[speaker.lower()], device=self.talker.codec_head.weight.device).reshape(-1)
+        ids = upload(table[speaker.lower()], self.talker.codec_head.weight.device).reshape(-1)
         return self.codec_embed(ids).reshape(-1)
 
     @torch.no_grad()
@@ -420,28 +421,27 @@ class Qwen3TTS(nn.Module):
         on the text side, so the talker continues the reference's speech."""
         c = self.config
         dev = self.talker.codec_head.weight.device
-        ids = torch.as_tensor(input_ids, dtype=torch.long, device=dev).reshape(-1)
+        ids = upload(input_ids, dev).reshape(-1)
         P, E = self.text_embed, self.codec_embed
-        tts_bos, tts_eos, tts_pad = P(torch.tensor([c.tts_bos_token_id, c.tts_eos_token_id, c.tts_pad_token_id],
-                                                   device=dev)).unbind(0)
+        tts_bos, tts_eos, tts_pad = P(upload([c.tts_bos_token_id, c.tts_eos_token_id, c.tts_pad_token_id], dev)).unbind(0)
         lid = self.language_id(language, speaker)
         prefix = ([c.codec_nothink_id, c.codec_think_bos_id, c.codec_think_eos_id] if lid is None
                   else [c.codec_think_id, c.codec_think_bos_id, lid, c.codec_think_eos_id])
-        codec = [E(torch.tensor(prefix, device=dev))]
+        codec = [E(upload(prefix, dev))]
         if speaker_embed is None and speaker:
             speaker_embed = self.speaker_embed(speaker)
         if speaker_embed is not None:
             codec.append(speaker_embed.reshape(1, -1).to(codec[0].dtype))
-        codec.append(E(torch.tensor([c.codec_pad_id, c.codec_bos_id], device=dev)))
+        codec.append(E(upload([c.codec_pad_id, c.codec_bos_id], dev)))
         codec = torch.cat(codec)                                               # [C, H]
         n = codec.shape[0]
         text_side = torch.cat([tts_pad.expand(n - 2, -1), tts_bos[None]])       # [C-1, H]
         parts = []
         if instruct_ids is not None and len(instruct_ids):
-            parts.append(P(torch.as_tensor(instruct_ids, dtype=torch.long, device=dev).reshape(-1)))
+            parts.append(P(upload(instruct_ids, dev).reshape(-1)))
         parts += [P(ids[:3]), text_side + codec[:-1]]
         if ref_codes is not None:       # ICL: text = transcript + text + eos over codec = bos + reference frames
-            ref = torch.as_tensor(ref_ids, dtype=torch.long, device=dev).reshape(-1)
+            ref = upload(ref_ids, dev).reshape(-1)
             text = torch.cat([P(torch.cat([ref[3:-2], ids[3:-5]])), tts_eos[None]])
             frames = torch.cat([codec[-1:], self.embed_frame(torch.as_tensor(ref_codes, device=dev).long())])
             if non_streaming_mode:
