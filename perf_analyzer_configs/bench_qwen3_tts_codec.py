@@ -4,9 +4,10 @@ python_backends/tts/qwen3_tts_codec_stream.py) for the chunk shapes the server m
 one call, padded to powers of two as on a GPU) x frames (the first chunk's 3, later chunks' 12), eager
 (a Python walk over ~1,300 kernels) and replayed as one CUDA graph per shape.
 
-    python perf_analyzer_configs/bench_qwen3_tts_codec.py --out /tmp/codec_calls.json     # on the GPU
+    python perf_analyzer_configs/bench_qwen3_tts_codec.py --busy --rows 1 16     # on the GPU
 
-Prints one JSON line per shape and mode; --out writes them all with the command, GPU and versions.
+Prints one JSON line per shape and mode; --out (results/tts_codec_calls.json) gets them all with the
+command, GPU and versions.
 --busy also times them while another process keeps the GPU busy as the talker does when served (a CUDA
 graph of small matmuls replayed back to back, each replay followed by a small host copy): Triton runs
 each step in its own process, and the GPU time-slices between processes.
@@ -76,7 +77,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench-tts")
     ap.add_argument("--busy", action="store_true", help="also time the calls beside a GPU-busy process")
-    ap.add_argument("--out")
+    ap.add_argument("--out", default=str(ROOT / "perf_analyzer_configs" / "results" / "tts_codec_calls.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
