@@ -183,7 +183,8 @@ def start_server(name, folder, args, target):
     write_repository(load_configs(["qwen3_chat"], [f"qwen3_chat={folder}"], overrides), repo, target)
     log = Path(args.workdir) / f"tritonserver-{name}.log"
     t = time.monotonic()
-    server = TritonServer(repo, models=["qwen3_chat"], log_path=log).start(timeout=900)
+    server = TritonServer(repo, models=["qwen3_chat"], log_path=log,
+                          extra_args=list(getattr(args, "server_arg", None) or [])).start(timeout=900)
     return server, time.monotonic() - t
 
 
@@ -433,6 +434,8 @@ def main() -> int:
                     choices=["inprocess", "server", "server-pa", "hf"],
                     help="server-pa: perf_analyzer against the server's front and its AR step")
     ap.add_argument("--set", action="append", help="a converter override for the server modes (KEY=VALUE)")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="an extra tritonserver argument for the server modes, e.g. --server-arg=--trace-config=rate=1")
     ap.add_argument("--server-model", default="qwen3_chat",
                     help="the model the server mode's clients call (qwen3_chat_ensemble: the ensemble without its front)")
     ap.add_argument("--pa-window-ms", type=int, default=10000, help="perf_analyzer's measurement window")
