@@ -208,7 +208,7 @@ def main() -> int:
         finally:
             server.stop()
             log = (Path(tmp) / "server.log").read_text(errors="replace")
-            for marker in ("malloc", "Segmentation fault", "corrupt"):
+            for marker in ("malloc", "Segmentation fault", "corrupt", "Reference count"):
                 if marker in log:
                     print(f"server log: {marker!r} found: a stub crashed", flush=True)
     return 0

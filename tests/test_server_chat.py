@@ -150,6 +150,37 @@ def test_cancelled_streams_free_their_slots(server):
     assert chunks[-1].completion_tokens == 4 and time.monotonic() - start < 5
 
 
+def test_new_requests_start_right_after_a_mass_cancel(server):
+    """Cancel every slot's stream and send new requests at once, three times: they start within
+    seconds. (A front that held its stub lock while starting a request waited, lock held, for the
+    request's first token, which waited for a slot, which only the front's cancellation checks,
+    also under that lock, could free: new requests then waited until the cancelled streams had
+    run to max_tokens, ~15 s here, in about one round of three.)"""
+    client = ChatClient(server.grpc_url, timeout_s=60)
+    long = {"max_tokens": 1800, "ignore_eos": True}
+    for _ in range(3):
+        streams = [client.stream("qwen3_chat", messages=[{"role": "user", "content": p}], sampling=long)
+                   for p in PROMPTS]
+        for s in streams:
+            next(s)
+        for s in streams:
+            s.close()
+        waits: list[float] = []
+
+        def one(prompt):
+            start = time.monotonic()
+            _, chunks = chat(server, "qwen3_chat", prompt, max_tokens=2)
+            assert chunks[-1].completion_tokens == 2
+            waits.append(time.monotonic() - start)
+
+        threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS[:2]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(waits) == 2 and max(waits) < 6, waits
+
+
 def _stream_error(server, values: dict) -> str:
     """Send one request on a gRPC stream; return the error message it gets."""
     client = grpcclient.InferenceServerClient(server.grpc_url)

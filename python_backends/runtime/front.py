@@ -108,7 +108,9 @@ class StreamFront:
                 bls = pb.InferenceRequest(model_name=self.ensemble, inputs=inputs,
                                           requested_output_names=self.output_names, request_id=inner_id,
                                           preferred_memory=pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0))
-                responses = bls.exec(decoupled=True)
+            # Not under the lock: a decoupled exec returns only with the request's first response, and
+            # that may wait for a batch slot which only the cancellation checks (under the lock) free.
+            responses = bls.exec(decoupled=True)
             for response in responses:                 # waits outside the lock
                 with STUB_LOCK:
                     error = response.error() if response.has_error() else None
