@@ -121,7 +121,7 @@ class ModelRunner:
                 embeds = model.decode_embeds(self.rows[:1], self.out_count[:1])
             self.first_hidden = embeds.new_zeros((self.max_batch, embeds.shape[-1]))
         self._rows_key: tuple[int, ...] = ()
-        self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, str, bool], torch.cuda.CUDAGraph] = {}   # (bucket, variant, first frame)
         self.graph_pool = None
         # two pinned result buffers, alternating: the engine reads one while the next step fills the other.
         # Flat, so that a step's [rows, batch] result lands in a contiguous view: a copy into a strided
