@@ -269,6 +269,7 @@ class Qwen3TTS(nn.Module):
         t = config.talker
         self.num_code_groups = t.num_code_groups
         self.codebook_size = config.predictor.vocab_size
+        self._voice_rows: dict[tuple, tuple[torch.Tensor, ...]] = {}   # build_prompt's, per preset voice
 
     # -- engine interface ----------------------------------------------------------------------
     def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -404,6 +405,27 @@ class Qwen3TTS(nn.Module):
         ids = upload(table[speaker.lower()], self.talker.codec_head.weight.device).reshape(-1)
         return self.codec_embed(ids).reshape(-1)
 
+    def _fixed_rows(self, language: str, speaker: str | None, speaker_embed: torch.Tensor | None):
+        """What build_prompt's layout holds for a voice whatever the text: the projected tts_eos and
+        tts_pad, the rows before the text (codec side [think..., speaker, pad] over the text side
+        [tts_pad..., tts_bos]) and the codec bos row the first text row goes over."""
+        c, dev = self.config, self.talker.codec_head.weight.device
+        P, E = self.text_embed, self.codec_embed
+        tts_bos, tts_eos, tts_pad = P(upload([c.tts_bos_token_id, c.tts_eos_token_id, c.tts_pad_token_id], dev)).unbind(0)
+        lid = self.language_id(language, speaker)
+        prefix = ([c.codec_nothink_id, c.codec_think_bos_id, c.codec_think_eos_id] if lid is None
+                  else [c.codec_think_id, c.codec_think_bos_id, lid, c.codec_think_eos_id])
+        codec = [E(upload(prefix, dev))]
+        if speaker_embed is None and speaker:
+            speaker_embed = self.speaker_embed(speaker)
+        if speaker_embed is not None:
+            codec.append(speaker_embed.reshape(1, -1).to(codec[0].dtype))
+        codec.append(E(upload([c.codec_pad_id, c.codec_bos_id], dev)))
+        codec = torch.cat(codec)                                               # [C, H]
+        n = codec.shape[0]
+        text_side = torch.cat([tts_pad.expand(n - 2, -1), tts_bos[None]])       # [C-1, H]
+        return tts_eos, tts_pad, text_side + codec[:-1], codec[-1]
+
     @torch.no_grad()
     def build_prompt(self, input_ids: list[int] | torch.Tensor, language: str = "auto", speaker: str | None = None,
                      instruct_ids: list[int] | torch.Tensor | None = None, non_streaming_mode: bool = False,
@@ -419,33 +441,27 @@ class Qwen3TTS(nn.Module):
         of f"<|im_start|>assistant\\n{ref_text}<|im_end|>\\n": 3 role tokens, the transcript, 2 closing):
         after the codec pad, [bos, reference frames] on the codec side and the transcript then the text
         on the text side, so the talker continues the reference's speech."""
-        c = self.config
         dev = self.talker.codec_head.weight.device
         ids = upload(input_ids, dev).reshape(-1)
         P, E = self.text_embed, self.codec_embed
-        tts_bos, tts_eos, tts_pad = P(upload([c.tts_bos_token_id, c.tts_eos_token_id, c.tts_pad_token_id], dev)).unbind(0)
-        lid = self.language_id(language, speaker)
-        prefix = ([c.codec_nothink_id, c.codec_think_bos_id, c.codec_think_eos_id] if lid is None
-                  else [c.codec_think_id, c.codec_think_bos_id, lid, c.codec_think_eos_id])
-        codec = [E(upload(prefix, dev))]
-        if speaker_embed is None and speaker:
-            speaker_embed = self.speaker_embed(speaker)
-        if speaker_embed is not None:
-            codec.append(speaker_embed.reshape(1, -1).to(codec[0].dtype))
-        codec.append(E(upload([c.codec_pad_id, c.codec_bos_id], dev)))
-        codec = torch.cat(codec)                                               # [C, H]
-        n = codec.shape[0]
-        text_side = torch.cat([tts_pad.expand(n - 2, -1), tts_bos[None]])       # [C-1, H]
+        key = (language, speaker)
+        rows = self._voice_rows.get(key) if speaker_embed is None else None
+        if rows is None:
+            rows = self._fixed_rows(language, speaker, speaker_embed)
+            if speaker_embed is None:       # a preset voice's rows are the same for every request
+                self._voice_rows[key] = rows
+        tts_eos, tts_pad, head, codec_bos = rows
         parts = []
         if instruct_ids is not None and len(instruct_ids):
             parts.append(P(upload(instruct_ids, dev).reshape(-1)))
-        parts += [P(ids[:3]), text_side + codec[:-1]]
+        parts += [P(ids[:3]), head]
         if ref_codes is not None:       # ICL: text = transcript + text + eos over codec = bos + reference frames
             ref = upload(ref_ids, dev).reshape(-1)
             text = torch.cat([P(torch.cat([ref[3:-2], ids[3:-5]])), tts_eos[None]])
-            frames = torch.cat([codec[-1:], self.embed_frame(torch.as_tensor(ref_codes, device=dev).long())])
+            frames = torch.cat([codec_bos[None], self.embed_frame(torch.as_tensor(ref_codes, device=dev).long())])
             if non_streaming_mode:
-                parts += [text + E(torch.full((text.shape[0],), c.codec_pad_id, device=dev)), frames + tts_pad]
+                parts += [text + E(torch.full((text.shape[0],), self.config.codec_pad_id, device=dev)),
+                          frames + tts_pad]
                 trailing = tts_pad[None]
             elif text.shape[0] > frames.shape[0]:     # the text outlasts the reference: the rest streams
                 parts.append(text[:frames.shape[0]] + frames)
@@ -455,10 +471,11 @@ class Qwen3TTS(nn.Module):
                 trailing = tts_pad[None]
         elif non_streaming_mode:          # the whole text first (over codec pads), then bos; decode adds pad
             text = torch.cat([P(ids[3:-5]), tts_eos[None]])
-            parts += [text + E(torch.full((text.shape[0],), c.codec_pad_id, device=dev)), (tts_pad + codec[-1])[None]]
+            parts += [text + E(torch.full((text.shape[0],), self.config.codec_pad_id, device=dev)),
+                      (tts_pad + codec_bos)[None]]
             trailing = tts_pad[None]
         else:                           # the first text token with bos; the rest streams one per step
-            parts.append(P(ids[3:4]) + codec[-1])
+            parts.append(P(ids[3:4]) + codec_bos)
             trailing = torch.cat([P(ids[4:-5]), tts_eos[None]])
         return TalkerPrompt(torch.cat(parts), trailing, tts_pad)
 
