@@ -443,8 +443,10 @@ class Kokoro(nn.Module):
         d = self.predictor.text_encoder(d_en, prosody, lengths, pad)
         frames = self.predictor.durations(d, lengths, speeds)
         t_en = self.text_encoder(ids, lengths, pad)
-        # every row's frame count in one read (repeat_interleave would read it itself, twice a row)
-        totals = torch.stack([frames[i, :n].sum() for i, n in enumerate(sizes)]).tolist()
+        # every row's frame count from one read of the (small) frames matrix (repeat_interleave would
+        # read it itself, twice a row)
+        host = frames.cpu()
+        totals = [int(host[i, :n].sum()) for i, n in enumerate(sizes)]
         out = []
         for i, (n, total) in enumerate(zip(sizes, totals)):
             dur = frames[i, :n]
