@@ -261,8 +261,8 @@ class StatePool:
         """codes [B, T, N] (on the pool's device), row i the next T frames of the stream in rows[i]
         (the scratch row for padding) -> waveform [B, T * 1920] on the host; the rows' states advance."""
         b, t = len(rows), codes.shape[1]
-        if (b, t) in self.graphs or (b in self.graph_rows and 0 < t <= self.graph_frames):
-            graph, out = self.graphs.get((b, t)) or self._capture(b, t)
+        if b in self.graph_rows and 0 < t <= self.graph_frames:
+            graph, out = self._graph(b, t)
             self.rows[:b].copy_(torch.tensor(rows), non_blocking=True)
             self.codes[:b, :t].copy_(codes)
             graph.replay()
@@ -278,10 +278,11 @@ class StatePool:
     def capture(self) -> None:
         for b in self.graph_rows:
             for t in range(1, self.graph_frames + 1):
-                self._capture(b, t)
+                self._graph(b, t)
 
-    def _capture(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Capture the (b, t) call on the scratch row (a warm-up call first: kernels picked, memory made)."""
+    def _graph(self, b: int, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The (b, t) call's graph and output, captured on the scratch row at first use (a warm-up call
+        first: kernels picked, memory made)."""
         if (b, t) in self.graphs:
             return self.graphs[b, t]
         rows, codes = self.rows[:b], self.codes[:b, :t]
