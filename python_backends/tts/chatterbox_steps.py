@@ -33,7 +33,7 @@ from python_backends.tts.chatterbox import T3, Sampling, T3Job, TextTokenizer, V
 from python_backends.tts.chatterbox_s3gen import CFM_STEPS, MELS, SAMPLE_RATE, S3Gen
 from python_backends.tts.chatterbox_voice import VoiceCloner
 from python_backends.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_reference, \
-    parse_speech
+    parse_speech, reference_transcript
 
 DEFAULT_VOICE = "default"
 # sampling_parameters keys read (generate()'s arguments; max_tokens as for the other talkers) and their ranges
@@ -106,7 +106,7 @@ class ChatterboxPre(Step):
         a transcript beside it is not used (an uploaded voice may carry one); alone it is refused."""
         value = req.get("reference_audio")
         if value is None:
-            if (req.string("reference_text") or "").strip():
+            if reference_transcript(req):
                 raise InvalidInput("reference_text", "describes reference_audio, which is missing")
             return self.default_voice
         if not value.size or not any(len(v or b"") for v in value.reshape(-1)):

@@ -112,7 +112,12 @@ def parse_reference(req: Request, rate: int, min_seconds: float, max_seconds: fl
     """A voice-cloning model's reference: `reference_audio` (the bytes of an audio file PyAV reads: WAV,
     FLAC, MP3, ...) as a mono float waveform at `rate`, and `reference_text` (its transcript; "" if none)."""
     wave, _ = reference_clip(req, rate, min_seconds, max_seconds)
-    return wave, (req.string("reference_text") or "").strip()
+    return wave, reference_transcript(req)
+
+
+def reference_transcript(req: Request) -> str:
+    """`reference_text`, the reference clip's transcript, stripped ("" if none)."""
+    return (req.string("reference_text") or "").strip()
 
 
 def reference_clip(req: Request, rate: int | None, min_seconds: float, max_seconds: float) -> tuple[np.ndarray, int]:
@@ -147,7 +152,7 @@ def read_reference(req: Request, rate: int, min_seconds: float, max_seconds: flo
     from python_backends.tts.omnivoice import resample
 
     wave, own = reference_clip(req, None, min_seconds, max_seconds)      # one decode, at the file's rate
-    transcript = (req.string("reference_text") or "").strip()
+    transcript = reference_transcript(req)
     if not transcript:
         raise InvalidInput("reference_text", "is required with reference_audio: the transcript of the clip "
                                              f"({why_transcript})")
