@@ -4,6 +4,8 @@ The engine turns kernels on for CUDA (`enable(True)`); CPU runs always take the 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -77,11 +79,26 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len)
 
 
-def prefill_attention(q, k, v, seq_lens, scale):
+@functools.lru_cache(maxsize=None)
+def varlen_attention_supported(dtype: torch.dtype, head_dim: int, device) -> bool:
+    """Whether `prefill_attention` can take the packed (varlen) flash kernel: one launch for every
+    prompt of a step, cu_seqlens on the device, hence capturable in a CUDA graph."""
+    d = torch.device(device)
+    return (d.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256
+            and torch.cuda.get_device_capability(d)[0] >= 8 and hasattr(torch.ops.aten, "_flash_attention_forward"))
+
+
+def prefill_attention(q, k, v, seq_lens, scale, cu_seqlens=None, max_seqlen=0):
+    """Causal attention within each packed prompt. `seq_lens`: host lengths (the reference path);
+    `cu_seqlens` [B + 1] int32 on the device with `max_seqlen` a host bound on every length: the varlen
+    flash kernel (GQA native), where it applies. Padding may be packed as sequences of its own."""
+    if cu_seqlens is not None and max_seqlen > 0 and q.is_cuda and varlen_attention_supported(q.dtype, q.shape[-1], q.device):
+        return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                                       0.0, True, False, scale=scale)[0]
     if not q.is_cuda:
         return reference.prefill_attention(q, k, v, seq_lens, scale)
     # The reference's 3-D, enable_gqa call takes torch's math path on CUDA (~0.4 ms of host time per
-    # layer); 4-D with the key/value heads repeated, it runs the flash kernel.
+    # layer); 4-D with the key/value heads repeated, it runs a fused kernel (fp32 included).
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

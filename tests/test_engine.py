@@ -140,6 +140,26 @@ def test_padding_rows_never_advance(folder):
     assert runner.position[runner.scratch].item() == 0
 
 
+def test_prefill_graph_inputs_pack_prompts_then_padding(folder):
+    """A prefill graph's static inputs: the prompts packed from token 0 (ids, positions, cache slots
+    from their block tables), then padding as one more sequence up to the bucket (slot -1: never
+    written); unused sequence slots are empty; `last` points at each prompt's final token."""
+    engine = make_engine(folder, block_size=4)
+    for p in ([5, 6, 7, 8, 9], [40, 41]):
+        engine.add(p, SamplingParams(max_tokens=4))
+    engine._drain_inbox()
+    seqs = engine.scheduler.schedule().seqs
+    runner, t = engine.runner, 16
+    T, S = runner.prefill_sizes[-1], runner.config.max_num_seqs
+    meta = runner._prefill_inputs(seqs, t)
+    ids, pos, slots, last, cu = meta[:t], meta[T:T + t], meta[2 * T:2 * T + t], meta[3 * T:3 * T + S], meta[3 * T + S:]
+    assert ids[:7].tolist() == [5, 6, 7, 8, 9, 40, 41] and pos[:7].tolist() == [0, 1, 2, 3, 4, 0, 1]
+    b0, b1 = seqs[0].block_table, seqs[1].block_table
+    assert slots[:7].tolist() == [b0[0] * 4, b0[0] * 4 + 1, b0[0] * 4 + 2, b0[0] * 4 + 3, b0[1] * 4, b1[0] * 4, b1[0] * 4 + 1]
+    assert (slots[7:] == -1).all() and (meta[2 * T + t:3 * T] == -1).all()
+    assert last[:2].tolist() == [4, 6] and cu.tolist() == [0, 5, 7] + [t] * (S - 1)
+
+
 def test_one_abort_request_names_several_streams():
     """The front aborts a round's cancelled streams with one request: their ids joined by ","."""
     from types import SimpleNamespace

@@ -58,3 +58,37 @@ def test_bf16_graphs_run_and_stop_on_device(tiny_checkpoints):
     stop = free[5]
     out = e.generate([PROMPTS[0]], SamplingParams(max_tokens=16, temperature=0, stop_token_ids=[stop]))[0]
     assert out == free[:free.index(stop)]
+
+
+def test_prefill_graph_equals_eager_prefill_and_writes_only_the_prompts_slots(tiny_checkpoints):
+    """bf16 (the varlen kernel's types): three prompts (37 tokens) replayed in the 64-token prefill
+    graph give the eager prefill's last hidden states and the same cache rows for their slots; the
+    27 padding tokens write no slot."""
+    e = engine(tiny_checkpoints["qwen3"], eager=False, dtype=torch.bfloat16, cuda_graph_prefill_tokens=[16, 64])
+    r = e.runner
+    assert r.use_prefill_graphs
+    r.capture_graphs()
+    assert sorted(r.prefill_graphs) == [16, 64]
+    for p in PROMPTS[:3]:
+        e.add(p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    e._drain_inbox()
+    seqs = e.scheduler.schedule().seqs
+    for s in seqs:
+        r.admit(s, set())
+    layer = r.layers[0][0]
+    slots = torch.tensor([b * e.blocks.block_size + i % e.blocks.block_size
+                          for s in seqs for i, b in ((i, s.block_table[i // e.blocks.block_size]) for i in range(s.prompt_len))])
+    others = torch.ones(layer.k_cache.shape[0] * layer.k_cache.shape[1], dtype=torch.bool)
+    others[slots] = False
+    layer.k_cache.normal_()
+    before = layer.k_cache.clone()
+    with torch.inference_mode():
+        eager = r.prefill_hidden(seqs, e.blocks).clone()
+        k_eager = layer.k_cache.clone()
+        layer.k_cache.copy_(before)
+        r.prefill_hidden = None                           # the graph path must not fall back to it
+        r.prefill(seqs, e.blocks).result()
+    torch.testing.assert_close(r.first_hidden[:3].float(), eager.float(), atol=5e-2, rtol=5e-2)
+    flat, flat_eager, flat_before = (c.view(-1, *c.shape[2:]) for c in (layer.k_cache, k_eager, before))
+    torch.testing.assert_close(flat[slots].float(), flat_eager[slots].float(), atol=5e-2, rtol=5e-2)
+    assert torch.equal(flat[others.cuda()], flat_before[others.cuda()])

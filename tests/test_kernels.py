@@ -323,3 +323,19 @@ def test_prefill_attention_cuda_path(dtype):
     q, k, v = (torch.randn(sum(lens), h, d, device=DEVICE, dtype=dtype, generator=g) for h in (hq, hk, hk))
     _close(dispatch.prefill_attention(q, k, v, lens, d ** -0.5), reference.prefill_attention(q, k, v, lens, d ** -0.5),
            ATTN_TOL[dtype])
+
+
+@pytest.mark.skipif(not CUDA, reason="the varlen (flash) path of dispatch.prefill_attention")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_prefill_attention_varlen_path_with_padding_sequences(dtype):
+    """The packed varlen kernel as a prefill graph calls it: prompts, then padding as a sequence of its
+    own, then empty sequences, with a loose length bound; the prompts' rows equal the reference's."""
+    from kernels import dispatch
+
+    lens, hq, hk, d, bucket = [37, 1, 90], 16, 4, 128, 256
+    g = _gen(12)
+    q, k, v = (torch.randn(bucket, h, d, device=DEVICE, dtype=dtype, generator=g) for h in (hq, hk, hk))
+    cu = torch.tensor([0, 37, 38, 128, bucket, bucket, bucket], device=DEVICE, dtype=torch.int32)
+    out = dispatch.prefill_attention(q, k, v, None, d ** -0.5, cu, bucket)
+    n = sum(lens)
+    _close(out[:n], reference.prefill_attention(q[:n], k[:n], v[:n], lens, d ** -0.5), ATTN_TOL[dtype])

@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
+from kernels import dispatch
 from python_backends.ar.block_manager import BlockManager
 from python_backends.ar.config import EngineConfig
 from python_backends.ar.sampling import sample
@@ -123,6 +124,12 @@ class ModelRunner:
         self._rows_key: tuple[int, ...] = ()
         self.graphs: dict[tuple[int, str, bool], torch.cuda.CUDAGraph] = {}   # (bucket, variant, first frame)
         self.graph_pool = None
+        # prefill as CUDA graphs, one per token-count bucket (_prefill_graph); their static inputs, laid
+        # out in `_prefill_inputs`, are allocated with the first capture
+        self.prefill_sizes = sorted({t for t in config.cuda_graph_prefill_tokens if t > 0})
+        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.prefill_meta: torch.Tensor | None = None         # ids, positions, slots, last index, cu_seqlens
+        self.prefill_embeds: torch.Tensor | None = None       # a frame model's input embeddings
         # two pinned result buffers, alternating: the engine reads one while the next step fills the other.
         # Flat, so that a step's [rows, batch] result lands in a contiguous view: a copy into a strided
         # host view is not asynchronous (the engine thread waited there for the step in flight).
@@ -253,20 +260,87 @@ class ModelRunner:
             return self._sample_and_check(self.first_hidden[:bs], self.first_rows[:bs], variant)
         return self._decode_body(bs, variant, max_context_len)
 
-    def capture_graphs(self, variants=(GREEDY, SAMPLE)) -> None:
-        """Capture the decode step for every batch-size bucket (GPU, Triton kernels on); for a frame
-        model also the first frame's sampler."""
+    def capture_graphs(self, variants=(GREEDY, SAMPLE, FILTERED)) -> None:
+        """Capture the decode step for every batch-size bucket (GPU, Triton kernels on), the sampler of
+        the first token (frame) after prefill, and prefill for every token bucket where it applies."""
+        if self.use_prefill_graphs:
+            for t in self.prefill_sizes:
+                self._prefill_graph(t)
         for bs in self.graph_sizes:
             for v in variants:
                 self._graph(bs, v)
-                if self.frame_model:
+                if self.first_hidden is not None:
                     self._graph(bs, v, first=True)
 
     @property
     def use_graphs(self) -> bool:
-        from kernels import dispatch
-
         return self.cuda and not self.config.enforce_eager and dispatch.enabled() and bool(self.graph_sizes)
+
+    @property
+    def use_prefill_graphs(self) -> bool:
+        """Whole prefill steps as graphs: every layer full attention (a linear-attention layer's prefill
+        loops over its prompts on the host) through the varlen kernel (its lengths live on the device)."""
+        return self.use_graphs and bool(self.prefill_sizes) and all(
+            isinstance(spec, AttentionCacheSpec) and dispatch.varlen_attention_supported(self.dtype, spec.head_dim, self.device)
+            for _, spec in self.layers)
+
+    # -- prefill graphs -------------------------------------------------------------------------
+    # A prefill step's forward is ~10 launches per layer, launch-bound for short prompts (tens of ms of
+    # host time for a 28-layer model, even in a server where the GPU idles). Replayed as a graph, the
+    # prompts are packed into the smallest bucket of `cuda_graph_prefill_tokens` that holds them; the
+    # padding tokens form one more sequence (causal attention within each packed sequence keeps them
+    # away from the prompts; their cache slot is -1: never written); unused sequence slots are empty.
+    def _prefill_inputs(self, seqs: list[Sequence], t: int) -> torch.Tensor:
+        """The host copy of `prefill_meta` for these prompts in bucket `t` (see `_prefill_views`)."""
+        T, S, bs = self.prefill_sizes[-1], self.config.max_num_seqs, self.config.block_size
+        meta = torch.zeros(3 * T + 2 * S + 2, dtype=torch.int64)
+        meta[2 * T:3 * T] = -1                                   # padding writes no cache slot
+        cu = meta[3 * T + S:]
+        cu[:] = t                                                # the padding sequence ends at t
+        start = 0
+        for i, s in enumerate(seqs):
+            n = s.prompt_len
+            p = torch.arange(n)
+            if not self.frame_model:
+                meta[start:start + n] = torch.tensor(s.prompt_ids)
+            meta[T + start:T + start + n] = p
+            meta[2 * T + start:2 * T + start + n] = torch.tensor(s.block_table)[p // bs] * bs + p % bs
+            meta[3 * T + i] = start + n - 1
+            start += n
+            cu[i + 1] = start
+        cu[0] = 0
+        return meta
+
+    def _prefill_views(self, t: int) -> tuple[torch.Tensor, ...]:
+        T, S, m = self.prefill_sizes[-1], self.config.max_num_seqs, self.prefill_meta
+        return m[:t], m[T:T + t], m[2 * T:2 * T + t], m[3 * T:3 * T + S], m[3 * T + S:]
+
+    def _prefill_body(self, t: int) -> torch.Tensor:
+        """Forward of bucket `t` from the static inputs; the hidden states at each prompt's last token [S, H]."""
+        ids, pos, slots, last, cu = self._prefill_views(t)
+        ctx = ForwardContext(is_prefill=True, slot_mapping=slots, state_slots=self.first_rows[:self.config.max_num_seqs],
+                             cu_seqlens=cu.int(), max_seqlen=t)
+        return self.model(self.prefill_embeds[:t] if self.frame_model else ids, pos, ctx)[last]
+
+    def _prefill_graph(self, t: int) -> torch.cuda.CUDAGraph:
+        """Captured at start only (capture_graphs): its warm-up runs on padding alone."""
+        if t not in self.prefill_graphs:
+            if self.prefill_meta is None:
+                self.prefill_meta = torch.zeros(3 * self.prefill_sizes[-1] + 2 * self.config.max_num_seqs + 2,
+                                                dtype=torch.int64, device=self.device)
+                if self.frame_model:
+                    self.prefill_embeds = self.first_hidden.new_zeros((self.prefill_sizes[-1], self.first_hidden.shape[-1]))
+            self.prefill_meta.copy_(self._prefill_inputs([], t))
+            torch.cuda.synchronize(self.device)
+            warm = self._prefill_body(t)
+            if self.first_hidden is None:               # a text model's: as wide as its hidden states
+                self.first_hidden = warm.new_zeros((self.max_batch, warm.shape[-1]))
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.graph_pool):
+                self.first_hidden[:self.config.max_num_seqs] = self._prefill_body(t)
+            self.graph_pool = graph.pool()
+            self.prefill_graphs[t] = graph
+        return self.prefill_graphs[t]
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> StepHandle:
@@ -289,15 +363,27 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], blocks: BlockManager) -> StepHandle:
-        hidden, n, variant = self.prefill_hidden(seqs, blocks), len(seqs), self.variant(seqs)
-        # a frame model's first frame: its sampler is ~1,700 small kernels (a code predictor's
-        # sub-steps), tens of ms of launches eagerly: replayed as a graph of the decode buckets' sizes
-        bucket = next((b for b in self.graph_sizes if b >= n), None) if self.use_graphs and self.frame_model else None
+        n, variant = len(seqs), self.variant(seqs)
+        total = sum(s.prompt_len for s in seqs)
+        t = next((t for t in self.prefill_sizes if t >= total), None)
+        if t in self.prefill_graphs:
+            if self.frame_model:
+                self.prefill_embeds[:total].copy_(self.model.prefill_embeds([s.prompt for s in seqs]))
+            self.prefill_meta.copy_(self.upload(self._prefill_inputs(seqs, t)))
+            self.prefill_graphs[t].replay()
+            hidden = self.first_hidden[:n]                       # written by the graph
+        else:
+            hidden = self.prefill_hidden(seqs, blocks)
+        # the first token (frame) from the prompts' last hidden states: for a frame model ~1,700 small
+        # kernels (a code predictor's sub-steps), replayed as a graph of the decode buckets' sizes
+        bucket = next((b for b in self.graph_sizes if b >= n), None) \
+            if self.use_graphs and self.first_hidden is not None else None
         if bucket is None:
             result = self._sample_and_check(hidden, self.upload([s.row for s in seqs]), variant)
         else:
-            graph = self._graph(bucket, variant, first=True)     # before the inputs: a capture overwrites them
-            self.first_hidden[:n].copy_(hidden)
+            graph = self._graph(bucket, variant, first=True)     # a capture overwrites rows, not first_hidden
+            if t not in self.prefill_graphs:
+                self.first_hidden[:n].copy_(hidden)
             self.first_rows[:bucket].copy_(self.upload([s.row for s in seqs] + [self.scratch] * (bucket - n)))
             graph.replay()
             result = self.out[:, :n]
@@ -317,7 +403,8 @@ class ModelRunner:
             cu.append(cu[-1] + n)
         up = self.upload
         ctx = ForwardContext(is_prefill=True, slot_mapping=up(torch.cat(slots)), state_slots=up([s.row for s in seqs]),
-                             seq_lens=[s.prompt_len for s in seqs], cu_seqlens=up(cu, torch.int32))
+                             seq_lens=[s.prompt_len for s in seqs], cu_seqlens=up(cu, torch.int32),
+                             max_seqlen=max(s.prompt_len for s in seqs))
         x = self.model.prefill_embeds([s.prompt for s in seqs]) if self.frame_model else up(ids)
         hidden = self.model(x, up(torch.cat(pos)), ctx)
         return hidden if all_tokens else hidden[up([c - 1 for c in cu[1:]])]

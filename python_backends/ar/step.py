@@ -51,6 +51,7 @@ class ARParams:
     num_kv_blocks: int = 0
     gpu_memory_utilization: float = 0.85
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    cuda_graph_prefill_tokens: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256, 512, 1024, 2048])
     enforce_eager: bool = False
     use_triton_kernels: bool = True
     load_format: str = "auto"          # "dummy": random weights from config.json (benchmarks)
@@ -71,7 +72,7 @@ class ARParams:
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.max_num_seqs, self.max_model_len, self.max_num_batched_tokens, self.block_size,
                             self.num_kv_blocks, self.gpu_memory_utilization, list(self.cuda_graph_batch_sizes),
-                            self.enforce_eager, self.use_triton_kernels)
+                            list(self.cuda_graph_prefill_tokens), self.enforce_eager, self.use_triton_kernels)
 
 
 @dataclass(eq=False)

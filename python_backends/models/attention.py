@@ -33,6 +33,6 @@ class PagedAttention(nn.Module):
         q, k = dispatch.qk_norm_rope_store(q, k, v, q_w, k_w, eps, zero_centered, rotary.cos, rotary.sin, positions,
                                            self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
-            return dispatch.prefill_attention(q, k, v, ctx.seq_lens, self.scale)
+            return dispatch.prefill_attention(q, k, v, ctx.seq_lens, self.scale, ctx.cu_seqlens, ctx.max_seqlen)
         return dispatch.paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
                                                ctx.context_lens, self.scale, ctx.max_context_len)

@@ -19,6 +19,7 @@ class ForwardContext:
     # prefill: tokens of B sequences packed one after another
     seq_lens: list[int] | None = None     # host copy, prefill only
     cu_seqlens: torch.Tensor | None = None  # [B+1] int32
+    max_seqlen: int = 0                   # host bound on every packed length (varlen attention's grid)
     # decode: one token per sequence
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
     context_lens: torch.Tensor | None = None  # [B] int32, including the token being decoded
