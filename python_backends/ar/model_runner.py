@@ -292,7 +292,7 @@ class ModelRunner:
     # away from the prompts; their cache slot is -1: never written); unused sequence slots are empty.
     def _prefill_inputs(self, seqs: list[Sequence], t: int) -> torch.Tensor:
         """The host copy of `prefill_meta` for these prompts in bucket `t` (see `_prefill_views`)."""
-        T, S, bs = self.prefill_sizes[-1], self.config.max_num_seqs, self.config.block_size
+        T, S = self.prefill_sizes[-1], self.config.max_num_seqs
         meta = torch.zeros(3 * T + 2 * S + 2, dtype=torch.int64)
         meta[2 * T:3 * T] = -1                                   # padding writes no cache slot
         cu = meta[3 * T + S:]
@@ -300,11 +300,10 @@ class ModelRunner:
         start = 0
         for i, s in enumerate(seqs):
             n = s.prompt_len
-            p = torch.arange(n)
             if not self.frame_model:
                 meta[start:start + n] = torch.tensor(s.prompt_ids)
-            meta[T + start:T + start + n] = p
-            meta[2 * T + start:2 * T + start + n] = torch.tensor(s.block_table)[p // bs] * bs + p % bs
+            meta[T + start:T + start + n] = torch.arange(n)
+            meta[2 * T + start:2 * T + start + n] = self._prompt_slots(s)
             meta[3 * T + i] = start + n - 1
             start += n
             cu[i + 1] = start
@@ -390,17 +389,19 @@ class ModelRunner:
         self._rows_key = ()
         return self._copy_out(seqs, result)
 
+    def _prompt_slots(self, s: Sequence) -> torch.Tensor:
+        """Each prompt position's cache slot (host), from the sequence's block table."""
+        p, bs = torch.arange(s.prompt_len), self.config.block_size
+        return torch.tensor(s.block_table)[p // bs] * bs + p % bs
+
     def prefill_hidden(self, seqs: list[Sequence], blocks: BlockManager, all_tokens: bool = False) -> torch.Tensor:
         """Forward over the packed prompts; hidden states at each prompt's last token (or at every token)."""
         ids, pos, slots, cu = [], [], [], [0]
-        bs = blocks.block_size
         for s in seqs:
-            n = s.prompt_len
             ids += s.prompt_ids
-            p = torch.arange(n)
-            pos.append(p)
-            slots.append(torch.tensor(s.block_table)[p // bs] * bs + p % bs)   # each position's cache slot
-            cu.append(cu[-1] + n)
+            pos.append(torch.arange(s.prompt_len))
+            slots.append(self._prompt_slots(s))
+            cu.append(cu[-1] + s.prompt_len)
         up = self.upload
         ctx = ForwardContext(is_prefill=True, slot_mapping=up(torch.cat(slots)), state_slots=up([s.row for s in seqs]),
                              seq_lens=[s.prompt_len for s in seqs], cu_seqlens=up(cu, torch.int32),
