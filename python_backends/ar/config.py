@@ -14,11 +14,11 @@ class EngineConfig:
                                             #    on GPU, what `gpu_memory_utilization` leaves free
     gpu_memory_utilization: float = 0.85
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    enforce_eager: bool = False             # True: never capture CUDA graphs
+    use_triton_kernels: bool = True         # CUDA only: the kernels/ Triton kernels for hot ops
     # prefill steps of up to this many prompt tokens (all prompts of the step together) replayed as CUDA
     # graphs, padded to the next size; longer ones run eagerly
     cuda_graph_prefill_tokens: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256, 512, 1024, 2048])
-    enforce_eager: bool = False             # True: never capture CUDA graphs
-    use_triton_kernels: bool = True         # CUDA only: the kernels/ Triton kernels for hot ops
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_model_len < 2 or self.block_size < 1:

@@ -72,7 +72,7 @@ class ARParams:
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.max_num_seqs, self.max_model_len, self.max_num_batched_tokens, self.block_size,
                             self.num_kv_blocks, self.gpu_memory_utilization, list(self.cuda_graph_batch_sizes),
-                            list(self.cuda_graph_prefill_tokens), self.enforce_eager, self.use_triton_kernels)
+                            self.enforce_eager, self.use_triton_kernels, list(self.cuda_graph_prefill_tokens))
 
 
 @dataclass(eq=False)
