@@ -50,7 +50,7 @@ def greedy_frames(folder, text: str, frames: int) -> torch.Tensor:
 
     model = load_fish(folder)
     ids = prompt_ids(load_tokenizer(folder), text, model.num_codebooks)
-    engine = fish_engine(model, EngineConfig(2, MAX_MODEL_LEN, 2048, 16, 0, 0.85, [], True, False))
+    engine = fish_engine(model, EngineConfig(max_num_seqs=2, max_model_len=MAX_MODEL_LEN, enforce_eager=True, use_triton_kernels=False))
     out = engine.generate([FishPrompt(ids, 0.0, 0.9, 30)], SamplingParams(max_tokens=frames, temperature=0.0, seed=1))
     return torch.tensor(out[0])
 

@@ -70,9 +70,12 @@ class ARParams:
     gil_switch_interval_us: int = 500
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(self.max_num_seqs, self.max_model_len, self.max_num_batched_tokens, self.block_size,
-                            self.num_kv_blocks, self.gpu_memory_utilization, list(self.cuda_graph_batch_sizes),
-                            self.enforce_eager, self.use_triton_kernels, list(self.cuda_graph_prefill_tokens))
+        return EngineConfig(max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+                            max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
+                            num_kv_blocks=self.num_kv_blocks, gpu_memory_utilization=self.gpu_memory_utilization,
+                            cuda_graph_batch_sizes=list(self.cuda_graph_batch_sizes),
+                            cuda_graph_prefill_tokens=list(self.cuda_graph_prefill_tokens),
+                            enforce_eager=self.enforce_eager, use_triton_kernels=self.use_triton_kernels)
 
 
 @dataclass(eq=False)
