@@ -3,7 +3,9 @@
 text encoder  Qwen3 (base model); the embeddings are the second-to-last hidden state at the
               prompt's real tokens (padding dropped), so each prompt has its own length; the
               last layer is not run.
-denoise       ZImageTransformer2DModel, which takes lists of latents and captions of any lengths.
+denoise       ZImageTransformer2DModel, which takes lists of latents and captions of any lengths; its
+              forward runs split (z_image_transformer.py): the captions' refinement, RoPE tables and
+              masks once per group, the timestep-dependent blocks at every step.
               Sigmas linspace(1, 1/N, N) through the checkpoint's FlowMatchEulerDiscreteScheduler;
               the model sees t' = (1000 - t) / 1000 and predicts the negated velocity;
               CFG is pos + g * (pos - neg) for g > 0.
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 
 from python_backends.image.denoise import DenoiseParams, DenoiseStep, Job
+from python_backends.image import z_image_transformer
 from python_backends.image.text_encoder import TextEncoderStep
 from python_backends.image.vae import VaeDecodeStep
 from python_backends.runtime.step import register
@@ -76,18 +79,25 @@ class ZImageDenoise(DenoiseStep):
         captions = [j.prompt for j in jobs for _ in range(j.n)]
         g = self.guidance(jobs)
         scale = g.scale.view(-1, 1, 1, 1) if g.rows is not None else None
+        contexts: dict[bool, z_image_transformer.ZImageContext] = {}     # without / with the CFG rows
+
+        def context(with_cfg: bool) -> z_image_transformer.ZImageContext:
+            if with_cfg not in contexts:
+                contexts[with_cfg] = z_image_transformer.prepare(
+                    self.transformer, captions + (g.negatives if with_cfg else []), (1, h, w))
+            return contexts[with_cfg]
+
         latents = noise
         for i in range(steps):
             timestep = (1000 - timesteps[i].expand(batch)) / 1000
             with_cfg = g.rows is not None and self.cfg_at(t_norms[i])
             x = latents.to(self.dtype)
-            x_in, caps, t_in = x, captions, timestep
+            x_in, t_in = x, timestep
             if with_cfg:
                 x_in = torch.cat([x, x.index_select(0, g.rows)])
-                caps = captions + g.negatives
                 t_in = torch.cat([timestep, timestep.index_select(0, g.rows)])
-            out = self.transformer(list(x_in.unsqueeze(2).unbind(0)), t_in, caps, return_dict=False)[0]
-            out = torch.stack([o.float() for o in out]).squeeze(2)
+            out = z_image_transformer.step(self.transformer, context(with_cfg), x_in.unsqueeze(2), t_in)
+            out = out.squeeze(2).float()
             pred = out[:batch]
             if with_cfg:
                 pos, neg = pred.index_select(0, g.rows), out[batch:]

@@ -1,0 +1,141 @@
+"""diffusers' ZImageTransformer2DModel.forward split in two: what a denoise loop computes once per
+group of requests, and what it computes at every step.
+
+The transformer's forward re-derives, at every call, things that depend only on the captions and the
+image size: the captions' embedding and their two refiner blocks (no timestep modulation), every
+position id and RoPE table, the padding masks and the per-item loops that lay the sequences out.
+At 512x512 that host-side work showed as the gap between our per-block compiled call (35.0 ms) and
+diffusers' whole-model compile (27.7 ms). `ZImageContext` computes it once per group (and once more
+for the group's CFG rows); `step` then runs only the timestep-dependent part: patchify, the image
+embedding, the noise refiner, the 30 main blocks, the final layer and unpatchify, batched.
+
+The arithmetic is the model's own, in the same order, so outputs equal the forward's (the tests
+compare them). The layout rules it mirrors, for the basic (non-omni) mode:
+- each caption is padded to a multiple of 32 with the caption pad token, each image's patch sequence
+  likewise with the image pad token; pad tokens take part in attention unless sequences of one call
+  differ in length (then a key mask covers only the padding up to the longest);
+- caption tokens sit at positions (1 + k, 0, 0), image patches at (padded caption length + 1, h, w),
+  image pad tokens at (0, 0, 0);
+- the main blocks see [image tokens, caption tokens] per item, zero-padded to the longest item.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SEQ_MULTI_OF = 32      # diffusers' transformer_z_image.SEQ_MULTI_OF
+
+
+def _padded(n: int) -> int:
+    return n + (-n) % SEQ_MULTI_OF
+
+
+def _key_mask(lengths: list[int], device) -> torch.Tensor | None:
+    """[B, max] True at each item's first `length` keys; None when all items are equally long."""
+    longest = max(lengths)
+    if all(n == longest for n in lengths):
+        return None
+    return torch.arange(longest, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+
+
+@dataclass
+class ZImageContext:
+    """The step-invariant part of the transformer's inputs for one batch of items (images x captions)."""
+
+    caption: torch.Tensor                  # [B, Lc_max, D] captions after embedding and the context refiner
+    x_freqs: torch.Tensor                  # [B, Lx, head_dim / 2] complex RoPE of the image tokens
+    unified_freqs: torch.Tensor            # [B, Lu_max, head_dim / 2] RoPE of [image, caption]
+    unified_mask: torch.Tensor | None      # [B, Lu_max] keys to attend to; None: all
+    unified_index: torch.Tensor | None     # [B, Lu_max] rows of [x | caption | zero] making the sequence;
+                                           #   None: plain concatenation (all captions equally long)
+    grid: tuple[int, int, int]             # (F, H, W) of the latents
+    tokens: int                            # image patches before padding
+    patch: tuple[int, int]                 # (spatial, temporal) patch size
+
+
+def prepare(model, captions: list[torch.Tensor], grid: tuple[int, int, int], patch_size: int = 2,
+            f_patch_size: int = 1) -> ZImageContext:
+    """Everything about `captions` ([L_i, cap_feat_dim] each, one per batch item) and an image latent
+    grid (F, H, W) that the forward would recompute at every step."""
+    device = captions[0].device
+    F, H, W = grid
+    ft, ht, wt = F // f_patch_size, H // patch_size, W // patch_size
+    tokens = ft * ht * wt
+    x_len = _padded(tokens)
+    cap_lens = [_padded(len(c)) for c in captions]
+
+    # captions: pad by repeating the last row (its embedding is then replaced by the pad token),
+    # embed all rows at once, refine; the forward's _pad_with_ids / _prepare_sequence layout
+    feats = [torch.cat([c, c[-1:].expand(n - len(c), -1)]) for c, n in zip(captions, cap_lens)]
+    is_pad = torch.cat([torch.arange(n, device=device) >= len(c) for c, n in zip(captions, cap_lens)])
+    embedded = model.cap_embedder(torch.cat(feats))
+    embedded = torch.where(is_pad.unsqueeze(-1), model.cap_pad_token, embedded)
+    cap_pos = [torch.stack([torch.arange(1, n + 1, device=device, dtype=torch.int32),
+                            torch.zeros(n, device=device, dtype=torch.int32),
+                            torch.zeros(n, device=device, dtype=torch.int32)], dim=-1) for n in cap_lens]
+    cap_freqs = list(model.rope_embedder(torch.cat(cap_pos)).split(cap_lens))
+    caption = torch.nn.utils.rnn.pad_sequence(list(embedded.split(cap_lens)), batch_first=True)
+    cap_freqs_b = torch.nn.utils.rnn.pad_sequence(cap_freqs, batch_first=True)
+    cap_mask = _key_mask(cap_lens, device)
+    for layer in model.context_refiner:
+        caption = layer(caption, cap_mask, cap_freqs_b)
+
+    # image tokens: the patch grid starts after each item's caption; pad tokens at (0, 0, 0)
+    axes = torch.meshgrid(torch.arange(ft, device=device, dtype=torch.int32),
+                          torch.arange(ht, device=device, dtype=torch.int32),
+                          torch.arange(wt, device=device, dtype=torch.int32), indexing="ij")
+    grid_ids = torch.stack(axes, dim=-1).flatten(0, 2)
+    pad_ids = torch.zeros((x_len - tokens, 3), device=device, dtype=torch.int32)
+    x_pos = [torch.cat([grid_ids + torch.tensor([n + 1, 0, 0], device=device, dtype=torch.int32), pad_ids])
+             for n in cap_lens]
+    x_freqs = model.rope_embedder(torch.cat(x_pos)).view(len(captions), x_len, -1)
+
+    # [image, caption] per item, zero-padded to the longest
+    unified_lens = [x_len + n for n in cap_lens]
+    unified_freqs = torch.nn.utils.rnn.pad_sequence(
+        [torch.cat([x_freqs[i], cap_freqs[i]]) for i in range(len(captions))], batch_first=True)
+    unified_index = None
+    if any(n != cap_lens[0] for n in cap_lens):
+        # rows of cat([x (x_len), caption (Lc_max), one zero row]) per item
+        longest, cap_max = max(unified_lens), max(cap_lens)
+        zero_row = x_len + cap_max
+        unified_index = torch.full((len(captions), longest), zero_row, dtype=torch.long, device=device)
+        for i, n in enumerate(cap_lens):
+            unified_index[i, :x_len + n] = torch.arange(x_len + n, device=device)
+    return ZImageContext(caption=caption, x_freqs=x_freqs, unified_freqs=unified_freqs,
+                         unified_mask=_key_mask(unified_lens, device), unified_index=unified_index,
+                         grid=grid, tokens=tokens, patch=(patch_size, f_patch_size))
+
+
+def step(model, ctx: ZImageContext, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The transformer's output for latents `x` [B, C, F, H, W] at timesteps `t` [B] (the forward's `t`),
+    [B, C, F, H, W], given the batch's `prepare`d context."""
+    p, pf = ctx.patch
+    B, C, F, H, W = x.shape
+    ft, ht, wt = F // pf, H // p, W // p
+    adaln = model.t_embedder(t * model.t_scale).type_as(x)
+
+    # patchify: (C, F, H, W) -> (f h w, pf ph pw c) per item, as _patchify_image
+    patches = x.view(B, C, ft, pf, ht, p, wt, p).permute(0, 2, 4, 6, 3, 5, 7, 1).reshape(B, ctx.tokens, -1)
+    x_len = ctx.x_freqs.shape[1]
+    if x_len > ctx.tokens:
+        patches = torch.cat([patches, patches[:, -1:].expand(-1, x_len - ctx.tokens, -1)], dim=1)
+    h = model.all_x_embedder[f"{p}-{pf}"](patches)
+    if x_len > ctx.tokens:
+        h = torch.cat([h[:, :ctx.tokens], model.x_pad_token.to(h.dtype).expand(B, x_len - ctx.tokens, -1)], dim=1)
+    for layer in model.noise_refiner:
+        h = layer(h, None, ctx.x_freqs, adaln)
+
+    if ctx.unified_index is None:
+        unified = torch.cat([h, ctx.caption], dim=1)
+    else:
+        rows = torch.cat([h, ctx.caption, h.new_zeros(B, 1, h.shape[-1])], dim=1)
+        unified = rows.gather(1, ctx.unified_index.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+    for layer in model.layers:
+        unified = layer(unified, ctx.unified_mask, ctx.unified_freqs, adaln)
+    out = model.all_final_layer[f"{p}-{pf}"](unified, c=adaln)
+
+    # unpatchify: "f h w pf ph pw c -> c (f pf) (h ph) (w pw)" per item
+    return (out[:, :ctx.tokens].reshape(B, ft, ht, wt, pf, p, p, model.out_channels)
+            .permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(B, model.out_channels, F, H, W))
