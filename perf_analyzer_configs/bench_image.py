@@ -42,6 +42,7 @@ from converters.schema import load_ensemble  # noqa: E402
 from converters.tiny import synthetic_tokenizer  # noqa: E402
 from perf_analyzer_configs.bench_ar_decode import QWEN3_COMMON, SPECIALS, percentile  # noqa: E402
 from python_backends.image.checkpoint import load_scheduler, load_tokenizer  # noqa: E402
+from python_backends.image.z_image_transformer import ZImageContext  # noqa: E402
 from python_backends.runtime.params import parse_params  # noqa: E402
 from python_backends.runtime.step import Request, StepContext  # noqa: E402
 
@@ -99,7 +100,9 @@ FLOPS_NOTE = ("Denoise FLOPs per image and transformer call = 2·P·T + 4·d·Σ
               "length of each block (Z-Image: 2 refiner blocks on image and caption tokens apart, 30 on both, each "
               "part padded to 32; FLUX.2: 25 blocks on 4096 or 1024 image + 512 text tokens); embedders and the "
               "output projection included, per-image modulation left out. TFLOP/s = that / median call time "
-              "(CUDA events around the transformer call); % = against the matmul rate measured in the same run.")
+              "(CUDA events around the transformer call); % = against the matmul rate measured in the same run. "
+              "Our Z-Image calls leave out the caption embedder and refiner blocks: they run once per request, "
+              "before the loop.")
 
 
 def spec_for(name: str, shapes: str) -> dict:
@@ -145,20 +148,32 @@ def write_folder(spec: dict, folder: Path) -> Path:
 
 
 # --- FLOPs and timing ---------------------------------------------------------------------------
-def image_flops(name: str, cfg: dict, img: int, txt: int) -> float:
-    """One image's transformer call with `img` image and `txt` text tokens (formula: FLOPS_NOTE)."""
+def image_flops(name: str, cfg: dict, img: int, txt: int, caption: bool = True) -> float:
+    """One image's transformer call with `img` image and `txt` text tokens (formula: FLOPS_NOTE).
+    Z-Image, `caption` False: our split call, whose caption embedding and refiner ran once before the loop."""
     if name == "z_image_turbo":
         d, pad = cfg["dim"], lambda n: n + (-n) % 32
         per, nr, n = 4 * d * d + 3 * d * int(d / 3 * 8), cfg["n_refiner_layers"], cfg["n_layers"]
         li, lc = pad(img), pad(txt)
         patch = cfg["all_patch_size"][0] ** 2 * cfg["in_channels"]     # x embedder in, final layer out
-        mm = per * (nr * li + nr * lc + n * (li + lc)) + 2 * patch * d * li + cfg["cap_feat_dim"] * d * lc
-        return 2 * mm + 4 * d * (nr * (li * li + lc * lc) + n * (li + lc) ** 2)
+        cap_mm = per * nr * lc + cfg["cap_feat_dim"] * d * lc if caption else 0
+        mm = per * (nr * li + n * (li + lc)) + 2 * patch * d * li + cap_mm
+        return 2 * mm + 4 * d * (nr * (li * li + (lc * lc if caption else 0)) + n * (li + lc) ** 2)
     d = cfg["num_attention_heads"] * cfg["attention_head_dim"]
     layers, big = cfg["num_layers"] + cfg["num_single_layers"], img + txt
     mm = ((4 * d * d + 3 * d * int(d * cfg["mlp_ratio"])) * layers * big + 2 * cfg["in_channels"] * d * img
           + cfg["joint_attention_dim"] * d * txt)
     return 2 * mm + 4 * d * layers * big * big
+
+
+def call_flops(name: str, cfg: dict, args, kwargs) -> tuple[float, int, int]:
+    """(FLOPs, rows, text tokens of row 0) of one transformer call, read off its inputs."""
+    if isinstance(args[0], ZImageContext):                 # our split Z-Image call: (context, x, t)
+        c = args[0]
+        return sum(image_flops(name, cfg, c.tokens, n, caption=False) for n in c.caption_lens), \
+            len(c.caption_lens), c.caption_lens[0]
+    tokens = call_tokens(name, cfg, args, kwargs)
+    return sum(image_flops(name, cfg, i, t) for i, t in tokens), len(tokens), tokens[0][1]
 
 
 def call_tokens(name: str, cfg: dict, args, kwargs) -> list[tuple[int, int]]:
@@ -191,9 +206,8 @@ def forward_timer(module, ctx):
         return
 
     def pre(m, args, kwargs):
-        tokens = call_tokens(ctx.name, ctx.tcfg, args, kwargs)
-        calls.append([stamp(ctx.cuda), None, sum(image_flops(ctx.name, ctx.tcfg, i, t) for i, t in tokens),
-                      len(tokens), tokens[0][1]])
+        flops, rows, text = call_flops(ctx.name, ctx.tcfg, args, kwargs)
+        calls.append([stamp(ctx.cuda), None, flops, rows, text])
 
     def post(m, args, out):
         calls[-1][1] = stamp(ctx.cuda)
@@ -286,7 +300,8 @@ def ours(ctx, size, compiled: bool = False):
         stages["png_encode"] = time.perf_counter() - t      # reported apart: the pipelines don't encode
         return [wall] * c, wall, tensors[0]["pixels"][0], stages
 
-    return [("ours-compile" if compiled else "ours", go, 0, steps["denoise"].transformer)]
+    denoise = steps["denoise"]      # Z-Image's step calls the transformer's split forward, not its forward
+    return [("ours-compile" if compiled else "ours", go, 0, getattr(denoise, "split_forward", denoise.transformer))]
 
 
 def call(ctx, pipe, ids, size):

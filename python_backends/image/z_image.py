@@ -51,6 +51,10 @@ class ZImageDenoiseParams(DenoiseParams):
 class ZImageDenoise(DenoiseStep):
     Params = ZImageDenoiseParams
 
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.split_forward = z_image_transformer.SplitForward(self.transformer)
+
     def latent_shape(self, job: Job) -> tuple[int, ...]:
         s = self.vae_scale * 2
         return self.transformer.config.in_channels, 2 * (job.height // s), 2 * (job.width // s)
@@ -96,7 +100,7 @@ class ZImageDenoise(DenoiseStep):
             if with_cfg:
                 x_in = torch.cat([x, x.index_select(0, g.rows)])
                 t_in = torch.cat([timestep, timestep.index_select(0, g.rows)])
-            out = z_image_transformer.step(self.transformer, context(with_cfg), x_in.unsqueeze(2), t_in)
+            out = self.split_forward(context(with_cfg), x_in.unsqueeze(2), t_in)
             out = out.squeeze(2).float()
             pred = out[:batch]
             if with_cfg:
