@@ -50,7 +50,6 @@ class ZImageContext:
     unified_index: torch.Tensor | None     # [B, Lu_max] rows of [x | caption | zero] making the sequence;
                                            #   None: plain concatenation (all captions equally long)
     caption_lens: list[int]                # the captions' real tokens, per item
-    grid: tuple[int, int, int]             # (F, H, W) of the latents
     tokens: int                            # image patches before padding
     patch: tuple[int, int]                 # (spatial, temporal) patch size
 
@@ -72,9 +71,7 @@ def prepare(model, captions: list[torch.Tensor], grid: tuple[int, int, int], pat
     is_pad = torch.cat([torch.arange(n, device=device) >= len(c) for c, n in zip(captions, cap_lens)])
     embedded = model.cap_embedder(torch.cat(feats))
     embedded = torch.where(is_pad.unsqueeze(-1), model.cap_pad_token, embedded)
-    cap_pos = [torch.stack([torch.arange(1, n + 1, device=device, dtype=torch.int32),
-                            torch.zeros(n, device=device, dtype=torch.int32),
-                            torch.zeros(n, device=device, dtype=torch.int32)], dim=-1) for n in cap_lens]
+    cap_pos = [model.create_coordinate_grid((n, 1, 1), (1, 0, 0), device).flatten(0, 2) for n in cap_lens]
     cap_freqs = list(model.rope_embedder(torch.cat(cap_pos)).split(cap_lens))
     caption = torch.nn.utils.rnn.pad_sequence(list(embedded.split(cap_lens)), batch_first=True)
     cap_freqs_b = torch.nn.utils.rnn.pad_sequence(cap_freqs, batch_first=True)
@@ -83,12 +80,8 @@ def prepare(model, captions: list[torch.Tensor], grid: tuple[int, int, int], pat
         caption = layer(caption, cap_mask, cap_freqs_b)
 
     # image tokens: the patch grid starts after each item's caption; pad tokens at (0, 0, 0)
-    axes = torch.meshgrid(torch.arange(ft, device=device, dtype=torch.int32),
-                          torch.arange(ht, device=device, dtype=torch.int32),
-                          torch.arange(wt, device=device, dtype=torch.int32), indexing="ij")
-    grid_ids = torch.stack(axes, dim=-1).flatten(0, 2)
     pad_ids = torch.zeros((x_len - tokens, 3), device=device, dtype=torch.int32)
-    x_pos = [torch.cat([grid_ids + torch.tensor([n + 1, 0, 0], device=device, dtype=torch.int32), pad_ids])
+    x_pos = [torch.cat([model.create_coordinate_grid((ft, ht, wt), (n + 1, 0, 0), device).flatten(0, 2), pad_ids])
              for n in cap_lens]
     x_freqs = model.rope_embedder(torch.cat(x_pos)).view(len(captions), x_len, -1)
 
@@ -106,8 +99,7 @@ def prepare(model, captions: list[torch.Tensor], grid: tuple[int, int, int], pat
             unified_index[i, :x_len + n] = torch.arange(x_len + n, device=device)
     return ZImageContext(caption=caption, x_freqs=x_freqs, unified_freqs=unified_freqs,
                          unified_mask=_key_mask(unified_lens, device), unified_index=unified_index,
-                         caption_lens=[len(c) for c in captions], grid=grid, tokens=tokens,
-                         patch=(patch_size, f_patch_size))
+                         caption_lens=[len(c) for c in captions], tokens=tokens, patch=(patch_size, f_patch_size))
 
 
 def step(model, ctx: ZImageContext, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
