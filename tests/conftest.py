@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,3 +82,13 @@ def rounds_until_batched(server, model: str, send_together, tries: int = 3) -> l
         if rounds[-1][2] < rounds[-1][1]:
             break
     return rounds
+
+
+def assert_int16_close(a, b) -> None:
+    """Two int16 sample arrays (or little-endian PCM bytes) of two identical speech requests: equal up to
+    1 LSB. On a loaded CPU the SNAC decode of Orpheus' first chunk has been seen to round a few samples
+    differently between identical requests (in ~1 of 3 runs; cause not found, the windows are equal)."""
+    a, b = (np.frombuffer(v, "<i2") if isinstance(v, bytes) else np.asarray(v) for v in (a, b))
+    assert a.shape == b.shape
+    diff = np.abs(a.astype(int) - b.astype(int))
+    assert diff.max() <= 1 and diff.mean() < 0.05

@@ -19,7 +19,7 @@ from PIL import Image
 
 from client.image import ImageClient
 from client.speech import SpeechClient
-from tests.conftest import ROOT, running_server
+from tests.conftest import ROOT, assert_int16_close, running_server
 from tests.test_openai_proxy import running_proxy
 
 pytestmark = pytest.mark.server
@@ -59,11 +59,7 @@ def test_speech_to_a_file_equals_the_direct_call(server, sdk, tmp_path):
         stream = f.streams.audio[0]
         samples = np.concatenate([fr.to_ndarray().reshape(-1) for fr in f.decode(stream)])
     assert stream.sample_rate == 24000 and samples.size > 2048
-    # Samples equal up to 1 LSB: on a loaded CPU the server's SNAC decode has been seen to round a few
-    # samples of the first chunk differently between two identical requests (tests/test_tts_server.py,
-    # test_streamed_chunks_equal_the_non_streamed_audio); the proxy itself passes the bytes through.
-    diff = np.abs(np.frombuffer(got[start:], "<i2").astype(int) - np.frombuffer(direct.audio[start:], "<i2").astype(int))
-    assert diff.max() <= 1 and diff.mean() < 0.05
+    assert_int16_close(got[start:], direct.audio[start:])     # the proxy passes the server's bytes through
 
 
 def test_streamed_pcm_equals_the_file_samples(sdk):
@@ -76,10 +72,9 @@ def test_streamed_pcm_equals_the_file_samples(sdk):
                                   extra_body=SPEECH).content
     with av.open(io.BytesIO(wav)) as f:
         samples = np.concatenate([fr.to_ndarray().reshape(-1) for fr in f.decode(audio=0)])
-    streamed = np.frombuffer(pcm, dtype="<i2").astype(int)
+    streamed = np.frombuffer(pcm, dtype="<i2")
     assert streamed.shape == samples.shape and np.abs(streamed).max() > 0
-    diff = np.abs(streamed - samples.astype(int))                # two requests: 1 LSB allowed, as above
-    assert diff.max() <= 1 and diff.mean() < 0.05
+    assert_int16_close(streamed, samples)
 
 
 def test_speech_errors_name_the_field(sdk):
