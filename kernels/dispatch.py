@@ -48,6 +48,16 @@ def silu_and_mul(x):
     return reference.silu_and_mul(x)
 
 
+def linear(x, weight, bias=None, gated=False):
+    """x @ weight.T (+ bias), `gated`: of silu(gate) * up of a fused [gate | up] x. One 16-bit row
+    (batch-1 decode) runs the skinny Triton kernel; everything else cuBLAS."""
+    ops = _kernel(x)
+    if (ops is not None and x.dim() == 2 and x.shape[0] == 1
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
+        return ops.skinny_linear(x, weight, bias, gated)
+    return F.linear(silu_and_mul(x) if gated else x, weight, bias)
+
+
 def qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,
                        k_cache, v_cache, slot_mapping):
     ops = _kernel(q)

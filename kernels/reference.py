@@ -39,6 +39,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           gated: bool = False) -> torch.Tensor:
+    """x @ weight.T (+ bias); `gated`: x is a fused [gate | up] projection, silu(gate) * up first."""
+    return F.linear(silu_and_mul(x) if gated else x, weight, bias)
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write k, v [T, H, D] into the paged caches [num_blocks, block_size, H, D]; slot -1 is skipped."""

@@ -145,24 +145,26 @@ def bench_inprocess(name, folder, args, device):
     rows[0]["setup_s"] = setup_s
     rows[0]["cuda_graphs"] = engine.runner.use_graphs
     if args.profile and torch.cuda.is_available():
-        profile_decode(engine, sp, args, Path(args.out).parent / f"profile-{name}.txt")
+        for c in sorted({1, max(args.concurrency)}):
+            profile_decode(engine, sp, args, c, Path(args.out).parent / f"profile-{name}-c{c}.txt")
     loop.stop()
     return rows
 
 
-def profile_decode(engine, sp, args, path: Path) -> None:
-    """Kernel time of c=1 decode steps (what bounds time per output token at batch 1)."""
+def profile_decode(engine, sp, args, c: int, path: Path) -> None:
+    """Kernel time of decode steps with c sequences running (at c=1, what bounds time per token)."""
     from torch.profiler import ProfilerActivity, profile
 
-    done = threading.Event()
-    engine.add(prompts(1, args.prompt_len, engine.vocab_size, 7)[0], sp,
-               lambda seq, new, reason: done.set() if reason else None)
-    time.sleep(0.2)                                   # past prefill, into steady decode
+    finished = threading.Semaphore(0)
+    for p in prompts(c, args.prompt_len, engine.vocab_size, 7):
+        engine.add(p, sp, lambda seq, new, reason: finished.release() if reason else None)
+    time.sleep(0.2 + 0.02 * c)                        # past prefill, into steady decode
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         time.sleep(0.05)
-    done.wait(600)
+    for _ in range(c):
+        finished.acquire(timeout=600)
     events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    path.write_text(f"decode kernels in 50 ms of c=1 decoding: {len(events)}\n"
+    path.write_text(f"decode kernels in 50 ms of c={c} decoding: {len(events)}\n"
                     + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
 
 
@@ -446,7 +448,7 @@ def main() -> int:
     ap.add_argument("--hf-cache", default="static", choices=["static", "dynamic"])
     ap.add_argument("--hf-compile", action="store_true", help="let transformers compile its static-cache decode")
     ap.add_argument("--eager", action="store_true", help="our engine without CUDA graphs")
-    ap.add_argument("--profile", action="store_true", help="write a kernel profile of c=1 decoding")
+    ap.add_argument("--profile", action="store_true", help="write kernel profiles of decoding at c=1 and the largest c")
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench")
     ap.add_argument("--out", type=Path, default=ROOT / "perf_analyzer_configs" / "results" / "ar_decode.json")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU, to check the script")

@@ -125,6 +125,46 @@ def test_silu_and_mul_large(dtype):
     _close(ops.silu_and_mul(x), reference.silu_and_mul(x), TOL[dtype])
 
 
+# ------------------------------------------------------------------------------------- skinny linear
+
+SKINNY_TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,K", [(40, 24), (70, 300), (9, 1100), (5, 2100)])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear(dtype, N, K, gated, bias):
+    """N and K not multiples of the tiles; K past one tile (1100 with 512-wide tiles, 2100 with 1024)."""
+    g = _gen(7)
+    x = _randn(1, 2 * K if gated else K, dtype=dtype, gen=g) * 2
+    w = (_randn(N, K, gen=g) / math.sqrt(K)).to(dtype)
+    b = _randn(N, dtype=dtype, gen=g) if bias else None
+    _close(ops.skinny_linear(x, w, b, gated), reference.linear(x, w, b, gated), SKINNY_TOL[dtype])
+
+
+def test_skinny_linear_reads_a_strided_row_and_detects_a_wrong_weight():
+    g = _gen(8)
+    qkv = _randn(3 * 32, gen=g)
+    x = qkv[None, 32:64:1]                                # a view into a fused projection
+    w = _randn(48, 32, gen=g)
+    ref = reference.linear(x, w)
+    _close(ops.skinny_linear(x, w), ref, SKINNY_TOL[torch.float32])
+    w2 = w.clone()
+    w2[47, 31] += 1.0                                     # the last row's last column: masks are right
+    assert not torch.allclose(ops.skinny_linear(x, w2), ref, atol=1e-3)
+
+
+@pytest.mark.skipif(not CUDA, reason="decode shapes: CUDA only")
+@pytest.mark.parametrize("N,K,gated", [(4096, 1024, False), (1024, 2048, False), (1024, 3072, True),
+                                       (24576, 4096, False), (4096, 12288, True), (151936, 1024, False)])
+def test_skinny_linear_decode_shapes(N, K, gated):
+    g = _gen(9)
+    x = _randn(1, 2 * K if gated else K, dtype=torch.bfloat16, gen=g)
+    w = (_randn(N, K, gen=g) / math.sqrt(K)).to(torch.bfloat16)
+    _close(ops.skinny_linear(x, w, None, gated), reference.linear(x, w, None, gated), SKINNY_TOL[torch.bfloat16])
+
+
 # ------------------------------------------------------------------------- q/k norm + rotary + store
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -10,7 +10,7 @@ from torch import nn
 
 from python_backends.models.attention import PagedAttention
 from python_backends.models.context import ForwardContext
-from python_backends.models.layers import GatedMLP, MergedLinear, RMSNorm, RotaryEmbedding, rope_inv_freq
+from python_backends.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding, rope_inv_freq
 
 # checkpoint name fragment -> (our merged module's name fragment, part index)
 PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -30,7 +30,7 @@ class Attention(nn.Module):
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = getattr(config, "attention_bias", False)
         self.qkv_proj = MergedLinear(config.hidden_size, [q, kv, kv], bias=bias)
-        self.o_proj = nn.Linear(q, config.hidden_size, bias=bias)
+        self.o_proj = Linear(q, config.hidden_size, bias=bias)
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)

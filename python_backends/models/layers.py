@@ -6,7 +6,6 @@ to the Triton kernels in `kernels/` (same maths, checked against these forms).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels import dispatch
@@ -56,6 +55,14 @@ def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     return ROPE_INIT_FUNCTIONS[rope_type](config, device=None)
 
 
+class Linear(nn.Linear):
+    """nn.Linear through `dispatch.linear` (decode-sized inputs take the skinny kernel on the GPU).
+    `gated`: the input is a fused [gate | up] projection, multiplied as silu(gate) * up first."""
+
+    def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
+        return dispatch.linear(x, self.weight, self.bias, gated)
+
+
 class MergedLinear(nn.Module):
     """Several bias-free projections of the same input fused into one matmul (e.g. q/k/v, gate/up).
     Checkpoints keep them apart; `load_part` copies each into its slice."""
@@ -71,7 +78,7 @@ class MergedLinear(nn.Module):
         getattr(self, which).data[start:start + self.out_sizes[index]].copy_(tensor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return dispatch.linear(x, self.weight, self.bias)
 
 
 class GatedMLP(nn.Module):
@@ -80,7 +87,7 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(dispatch.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj(x), gated=True)

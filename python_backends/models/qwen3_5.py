@@ -22,7 +22,7 @@ from kernels import dispatch
 from python_backends.models.attention import PagedAttention
 from python_backends.models.context import ForwardContext, RecurrentStateSpec
 from python_backends.models.decoder import PACKED, CausalLM, DecoderLayer, DecoderModel
-from python_backends.models.layers import GatedMLP, MergedLinear, RMSNorm, RotaryEmbedding
+from python_backends.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -89,7 +89,7 @@ class Qwen3_5GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
         self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, config.hidden_size, bias=False)
+        self.out_proj = Linear(self.value_dim, config.hidden_size, bias=False)
         # bound by the engine: [num_slots, conv_dim, kernel - 1] (model dtype), [num_slots, Hv, dk, dv] (fp32)
         self.conv_state: torch.Tensor | None = None
         self.ssm_state: torch.Tensor | None = None
@@ -166,7 +166,7 @@ class Qwen3_5Attention(nn.Module):
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # q_proj yields, per head, the query then its output gate: [H, 2 * head_dim]
         self.qkv_proj = MergedLinear(config.hidden_size, [2 * q, kv, kv], bias=config.attention_bias)
-        self.o_proj = nn.Linear(q, config.hidden_size, bias=config.attention_bias)
+        self.o_proj = Linear(q, config.hidden_size, bias=config.attention_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centered=True)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centered=True)
         self.rotary = rotary
