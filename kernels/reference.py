@@ -45,6 +45,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(silu_and_mul(x) if gated else x, weight, bias)
 
 
+def norm_linear(x, residual, norm_weight, eps, zero_centered, weight, bias=None):
+    """linear(rms_norm(x [+ residual])) and the new residual (x + residual; x itself without one)."""
+    if residual is None:
+        return F.linear(rms_norm(x, norm_weight, eps, None, zero_centered), weight, bias), x
+    h, residual = rms_norm(x, norm_weight, eps, residual, zero_centered)
+    return F.linear(h, weight, bias), residual
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write k, v [T, H, D] into the paged caches [num_blocks, block_size, H, D]; slot -1 is skipped."""

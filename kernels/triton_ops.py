@@ -9,6 +9,7 @@ They are written for the GPU (H200) and also run on the CPU under the Triton int
     silu_and_mul             silu(gate) * up for a fused gate/up projection
     skinny_linear            x @ w.T (+ bias) for one row (batch-1 decode): weight-streaming, no split-K
                              reduction pass; optionally silu(gate) * up of its input on the fly
+    skinny_norm_linear       the same with the input's (residual add +) RMSNorm folded in
     qk_norm_rope_store       per-head RMSNorm of q and k (optional), rotate-half RoPE (partial rotary
                              allowed) and the scatter of k/v into the paged caches (slot -1 skipped), one launch
     causal_conv1d_update     a decode step of the depthwise causal conv + silu, shifting each slot's window
@@ -154,29 +155,65 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 # launch for them, and reached 0.35-2.2 TB/s on the Qwen3-0.6B shapes (H200). Here each program streams
 # BLOCK_N whole weight rows (no split, no second pass), accumulates elementwise in fp32 and reduces
 # once at the end. GATED: the input is the fused gate/up projection [gate | up] and silu(gate) * up
-# is formed while loading (rounded as silu_and_mul rounds), which saves that kernel's launch.
+# is formed while loading (rounded as silu_and_mul rounds), which saves that kernel's launch. NORM:
+# the input is a hidden state before its RMSNorm (fused with the residual add when HAS_RESIDUAL), as
+# rms_norm computes it: every program sums the squares over the row first (a few KB from the L2),
+# then normalises each tile as it loads it; program 0 also writes x + residual, the new residual.
+# That saves the norm's launch before the q/k/v and gate/up projections.
 # Only one row: with more, cuBLAS's tensor-core kernels are as fast or faster (measured to 8 rows).
 
 @triton.jit
+def _skinny_input_tile(x_ptr, res_ptr, nw_ptr, kk, kmask, K, rstd,
+                       GATED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                       ZERO_CENTERED: tl.constexpr):
+    x = tl.load(x_ptr + kk, mask=kmask, other=0.0)
+    if GATED:
+        up = tl.load(x_ptr + K + kk, mask=kmask, other=0.0)
+        g = x.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(x.dtype)
+        x = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+    if NORM:
+        if HAS_RESIDUAL:
+            x = (x.to(tl.float32) + tl.load(res_ptr + kk, mask=kmask, other=0.0).to(tl.float32)).to(x.dtype)
+        h = x.to(tl.float32) * rstd
+        nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+        if ZERO_CENTERED:
+            x = (h * (1.0 + nw)).to(x.dtype)
+        else:
+            x = (nw * h.to(x.dtype).to(tl.float32)).to(x.dtype)
+    return x
+
+
+@triton.jit
 def _skinny_linear_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
-    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, y_ptr, res_ptr, nw_ptr, s_ptr, N, K, stride_w, eps,
+    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid = tl.program_id(0)
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     k = tl.arange(0, BLOCK_K)
+    rstd = 1.0
+    if NORM:
+        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + k
+            kmask = kk < K
+            x = tl.load(x_ptr + kk, mask=kmask, other=0.0)
+            if HAS_RESIDUAL:
+                x = (x.to(tl.float32) + tl.load(res_ptr + kk, mask=kmask, other=0.0).to(tl.float32)).to(x.dtype)
+                if pid == 0:
+                    tl.store(s_ptr + kk, x, mask=kmask)
+            squares += x.to(tl.float32) * x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
     partial = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + k
         kmask = kk < K
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * stride_w + kk[None, :],
                     mask=nmask[:, None] & kmask[None, :], other=0.0)
-        x = tl.load(x_ptr + kk, mask=kmask, other=0.0)
-        if GATED:
-            up = tl.load(x_ptr + K + kk, mask=kmask, other=0.0)
-            g = x.to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(x.dtype)
-            x = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+        x = _skinny_input_tile(x_ptr, res_ptr, nw_ptr, kk, kmask, K, rstd, GATED, NORM, HAS_RESIDUAL, ZERO_CENTERED)
         partial += w.to(tl.float32) * x.to(tl.float32)[None, :]
     y = tl.sum(partial, axis=1)
     if HAS_BIAS:
@@ -199,20 +236,41 @@ def _skinny_config(N: int, K: int, gated: bool = False) -> tuple[int, int, int]:
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   gated: bool = False) -> torch.Tensor:
     """x [1, K] (gated: [1, 2K] = [gate | up]) @ weight [N, K].T (+ bias) -> [1, N]."""
+    return _skinny(x, weight, bias, gated=gated)[0]
+
+
+def skinny_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                       zero_centered: bool, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """rms_norm(x [+ residual]) [1, K] @ weight.T (+ bias) -> (y [1, N], x + residual, or x without one)."""
+    assert norm_weight.shape == (weight.shape[1],) and norm_weight.dtype == x.dtype, (norm_weight.shape, norm_weight.dtype)
+    return _skinny(x, weight, bias, norm=(residual, norm_weight.contiguous(), eps, zero_centered))
+
+
+def _skinny(x, weight, bias, gated=False, norm=None):
     N, K = weight.shape
     assert x.dim() == 2 and x.shape == (1, 2 * K if gated else K), (x.shape, weight.shape, gated)
     assert x.dtype in _FLOATS and weight.dtype == x.dtype, (x.dtype, weight.dtype)
+    assert not (gated and norm), "one prologue at a time"
     if x.stride(-1) != 1:
         x = x.contiguous()
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     y = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    residual, norm_weight, eps, zero_centered = norm or (None, weight, 0.0, False)
+    if residual is not None:
+        assert residual.shape == x.shape and residual.dtype == x.dtype, (residual.shape, residual.dtype)
+        residual = residual.contiguous()
+        s = torch.empty_like(x)
+    else:
+        s = x                                            # no add: the residual is the input itself
     block_n, block_k, warps = _skinny_config(N, K, gated)
     _skinny_linear_kernel[(triton.cdiv(N, block_n),)](
-        x, weight, bias if bias is not None else weight, y, N, K, weight.stride(0),
-        HAS_BIAS=bias is not None, GATED=gated, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        x, weight, bias if bias is not None else weight, y,
+        residual if residual is not None else x, norm_weight, s, N, K, weight.stride(0), eps,
+        HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
+        ZERO_CENTERED=zero_centered, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )
-    return y
+    return y, s
 
 
 # --------------------------------------------------------------------------------------------------

@@ -155,6 +155,27 @@ def test_skinny_linear_reads_a_strided_row_and_detects_a_wrong_weight():
     assert not torch.allclose(ops.skinny_linear(x, w2), ref, atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,K", [(40, 24), (9, 1100), (5, 2100)])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_skinny_norm_linear(dtype, N, K, with_residual, zero_centered):
+    """The (residual add +) RMSNorm folded into the matmul: same output and new residual as the norm
+    kernel followed by the matmul; K past one tile, so the sum of squares spans several."""
+    g = _gen(10)
+    x = _randn(1, K, dtype=dtype, gen=g) * 3
+    res = _randn(1, K, dtype=dtype, gen=g) if with_residual else None
+    nw = _randn(K, dtype=dtype, gen=g) * (0.1 if zero_centered else 1.0)
+    w = (_randn(N, K, gen=g) / math.sqrt(K)).to(dtype)
+    b = _randn(N, dtype=dtype, gen=g)
+    y, s = ops.skinny_norm_linear(x, res, nw, 1e-6, zero_centered, w, b)
+    ref_y, ref_s = reference.norm_linear(x, res, nw, 1e-6, zero_centered, w, b)
+    _close(y, ref_y, SKINNY_TOL[dtype])
+    assert torch.equal(s, ref_s)                          # the residual sum is exact in x's dtype
+    if not with_residual:
+        assert s is x
+
+
 @pytest.mark.skipif(not CUDA, reason="decode shapes: CUDA only")
 @pytest.mark.parametrize("N,K,gated", [(4096, 1024, False), (1024, 2048, False), (1024, 3072, True),
                                        (24576, 4096, False), (4096, 12288, True), (151936, 1024, False)])

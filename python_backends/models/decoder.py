@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from kernels import dispatch
 from python_backends.models.attention import PagedAttention
 from python_backends.models.context import ForwardContext
 from python_backends.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding, rope_inv_freq
@@ -38,8 +39,13 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.out_sizes, dim=-1)
+    @property
+    def first_proj(self) -> MergedLinear:
+        return self.qkv_proj
+
+    def forward(self, qkv: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """qkv: the output of `first_proj` (the layer computes it, with its norm folded in)."""
+        q, k, v = qkv.split(self.qkv_proj.out_sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         o = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), positions, ctx, self.rotary,
@@ -48,7 +54,9 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """norm -> mixer (attention, or linear attention) -> norm -> MLP, residuals fused into the norms."""
+    """norm -> mixer (attention, or linear attention) -> norm -> MLP, residuals fused into the norms.
+    Each norm runs with the projection after it (`dispatch.norm_linear`: one kernel for a batch-1
+    decode row on the GPU), so a mixer takes the output of its `first_proj`, not the hidden state."""
 
     def __init__(self, config, mixer: nn.Module, mlp: nn.Module, mixer_name: str = "self_attn",
                  zero_centered: bool = False):
@@ -60,13 +68,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=zero_centered)
 
     def forward(self, x, residual, positions, ctx):
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = getattr(self, self.mixer_name)(x, positions, ctx)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        mixer = getattr(self, self.mixer_name)
+        projected, residual = _norm_linear(self.input_layernorm, mixer.first_proj, x, residual)
+        x = mixer(projected, positions, ctx)
+        gate_up, residual = _norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, x, residual)
+        return self.mlp.down_proj(gate_up, gated=True), residual
+
+
+def _norm_linear(norm: RMSNorm, linear: MergedLinear, x, residual):
+    return dispatch.norm_linear(x, residual, norm.weight, norm.eps, norm.zero_centered, linear.weight, linear.bias)
 
 
 class DecoderModel(nn.Module):

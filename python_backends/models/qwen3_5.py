@@ -114,9 +114,14 @@ class Qwen3_5GatedDeltaNet(nn.Module):
         self.conv_state.index_copy_(0, ctx.state_slots, windows[last, 1:].transpose(1, 2).to(self.conv_state.dtype))
         return F.silu(torch.einsum("tkc,ck->tc", windows, self.conv1d.weight[:, 0]))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        T = x.shape[0]
-        qkv, z, b, a = self.in_proj(x).split(self.in_proj.out_sizes, dim=-1)
+    @property
+    def first_proj(self) -> MergedLinear:
+        return self.in_proj
+
+    def forward(self, projected: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """projected: the output of `first_proj` (see DecoderLayer)."""
+        T = projected.shape[0]
+        qkv, z, b, a = projected.split(self.in_proj.out_sizes, dim=-1)
         z = z.view(T, self.num_v_heads, self.head_v_dim)
         if not ctx.is_prefill:
             # one token per sequence: conv step, then delta rule + gated norm (two kernels on the GPU)
@@ -140,20 +145,20 @@ class Qwen3_5GatedDeltaNet(nn.Module):
         # every prompt starts from an empty state; prompts of the same length run as one batch
         o = torch.empty_like(v)
         states = torch.empty(len(ctx.seq_lens), self.num_v_heads, self.head_k_dim, self.head_v_dim,
-                             dtype=torch.float32, device=x.device)
+                             dtype=torch.float32, device=projected.device)
         starts = [0]
         for n in ctx.seq_lens:
             starts.append(starts[-1] + n)
         for n in sorted(set(ctx.seq_lens)):
             which = [i for i, m in enumerate(ctx.seq_lens) if m == n]
-            tokens = torch.cat([torch.arange(starts[i], starts[i] + n, device=x.device) for i in which])
+            tokens = torch.cat([torch.arange(starts[i], starts[i] + n, device=projected.device) for i in which])
             seqs = lambda t: t[tokens].view(len(which), n, *t.shape[1:]).transpose(1, 2)   # noqa: E731 [S, H, n, ...]
             zero = q.new_zeros(len(which), self.num_v_heads, self.head_k_dim, self.head_v_dim)
             out, state = chunk_gated_delta_rule(seqs(q), seqs(k), seqs(v), seqs(g), seqs(beta), zero)
             o[tokens] = out.transpose(1, 2).reshape(-1, *o.shape[1:])
             states[which] = state
         self.ssm_state.index_copy_(0, ctx.state_slots, states)
-        o = self.norm(o.to(x.dtype), z)
+        o = self.norm(o.to(projected.dtype), z)
         return self.out_proj(o.reshape(T, self.value_dim))
 
 
@@ -172,8 +177,13 @@ class Qwen3_5Attention(nn.Module):
         self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        qg, k, v = self.qkv_proj(x).split(self.qkv_proj.out_sizes, dim=-1)
+    @property
+    def first_proj(self) -> MergedLinear:
+        return self.qkv_proj
+
+    def forward(self, qkv: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """qkv: the output of `first_proj` (see DecoderLayer)."""
+        qg, k, v = qkv.split(self.qkv_proj.out_sizes, dim=-1)
         q, gate = qg.view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         o = self.attn(q, k.view(-1, self.num_kv_heads, self.head_dim), v.view(-1, self.num_kv_heads, self.head_dim),
                       positions, ctx, self.rotary, self.q_norm, self.k_norm)
