@@ -1,0 +1,127 @@
+"""A batch-1 decode step's matmuls alone: cuBLAS (F.linear, plus the silu_and_mul kernel for down_proj,
+plus the RMSNorm kernel before q/k/v and gate/up) against the skinny Triton kernels that replace them
+on the GPU (kernels/triton_ops.skinny_linear, skinny_norm_linear), on the Qwen3-0.6B and Qwen3-8B
+shapes, bfloat16, one input row.
+
+    python perf_analyzer_configs/bench_decode_matmul.py            # on the GPU
+
+Each shape's weights are rotated past the L2 (>= 200 MB of copies, as 28-36 layers are in a real step)
+and every variant is replayed from a CUDA graph, so the times are what a captured decode step sees.
+Prints a table; --out (results/decode_matmul.json and .md) gets it with the command, GPU and versions.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+# name -> (out features N, in features K, what runs before it in the layer)
+SHAPES = {
+    "qwen3-0.6b": {"qkv_proj": (4096, 1024, "norm"), "o_proj": (1024, 2048, None),
+                   "gate_up_proj": (6144, 1024, "norm"), "down_proj": (1024, 3072, "silu")},
+    "qwen3-8b": {"qkv_proj": (6144, 4096, "norm"), "o_proj": (4096, 4096, None),
+                 "gate_up_proj": (24576, 4096, "norm"), "down_proj": (4096, 12288, "silu")},
+}
+
+
+def graph_time_us(fn, calls: int, reps: int = 20) -> float:
+    """Microseconds per call of fn (which makes `calls` calls), replayed from a CUDA graph."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (5 * reps * calls)
+
+
+def bench_shape(N: int, K: int, before: str | None) -> dict:
+    from kernels import triton_ops as ops
+
+    copies = max(1, int(200e6 // (N * K * 2)))
+    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5 for _ in range(copies)]
+    x = torch.randn(1, 2 * K if before == "silu" else K, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+    nw = torch.rand(K, device="cuda", dtype=torch.bfloat16) + 0.5
+    if before == "norm":
+        def ours(w):
+            return ops.skinny_norm_linear(x, res, nw, 1e-6, False, w)[0]
+
+        def cublas(w):
+            return F.linear(ops.rms_norm(x, nw, 1e-6, res)[0], w)
+    elif before == "silu":
+        def ours(w):
+            return ops.skinny_linear(x, w, None, gated=True)
+
+        def cublas(w):
+            return F.linear(ops.silu_and_mul(x), w)
+    else:
+        def ours(w):
+            return ops.skinny_linear(x, w)
+
+        def cublas(w):
+            return F.linear(x, w)
+    max_diff = (ours(ws[0]).float() - cublas(ws[0]).float()).abs().max().item()
+    t_cublas = graph_time_us(lambda: [cublas(w) for w in ws], copies)
+    t_ours = graph_time_us(lambda: [ours(w) for w in ws], copies)
+    return {"N": N, "K": K, "before": before or "", "cublas_us": t_cublas, "skinny_us": t_ours,
+            "speedup": t_cublas / t_ours, "skinny_GBps": N * K * 2 / t_ours / 1e3, "max_abs_diff": max_diff}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "perf_analyzer_configs" / "results" / "decode_matmul.json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    rows = []
+    for model, shapes in SHAPES.items():
+        for name, (N, K, before) in shapes.items():
+            rows.append({"model": model, "matmul": name, **bench_shape(N, K, before)})
+            print(json.dumps(rows[-1]), flush=True)
+    command = "python perf_analyzer_configs/bench_decode_matmul.py" + (
+        f" --out {args.out}" if "--out" in sys.argv else "")
+    data = {"command": command, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(), "versions": {"torch": torch.__version__, "triton": triton.__version__},
+            "results": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=2))
+    lines = [f"# Batch-1 decode matmuls ({data['gpu']})", "", f"{data['date']}; torch {torch.__version__}, "
+             f"triton {triton.__version__}. Made by:", "", f"    {command}", "",
+             "bfloat16, one input row, weights rotated past the L2, each variant replayed from a CUDA graph. "
+             "cuBLAS includes the kernel before the matmul that the skinny kernel folds in (before: norm = "
+             "residual add + RMSNorm, silu = silu(gate) * up).", "",
+             "| model | matmul | N x K | before | cuBLAS us | skinny us | speedup | skinny GB/s |",
+             "|---|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['matmul']} | {r['N']} x {r['K']} | {r['before']} | {r['cublas_us']:.2f} | "
+                     f"{r['skinny_us']:.2f} | {r['speedup']:.2f}x | {r['skinny_GBps']:.0f} |")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
