@@ -45,7 +45,7 @@ def test_prefill_logits_match_transformers(folder, hf):
     engine._drain_inbox()
     batch = engine.scheduler.schedule()
     with torch.inference_mode():
-        ours = engine.runner.prefill_logits(batch.seqs, engine.blocks, all_tokens=True)
+        ours = engine.runner.prefill_logits(batch.seqs, all_tokens=True)
     start = 0
     for s in seqs:
         with torch.no_grad():

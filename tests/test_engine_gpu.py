@@ -83,11 +83,11 @@ def test_prefill_graph_equals_eager_prefill_and_writes_only_the_prompts_slots(ti
     layer.k_cache.normal_()
     before = layer.k_cache.clone()
     with torch.inference_mode():
-        eager = r.prefill_hidden(seqs, e.blocks).clone()
+        eager = r.prefill_hidden(seqs).clone()
         k_eager = layer.k_cache.clone()
         layer.k_cache.copy_(before)
         r.prefill_hidden = None                           # the graph path must not fall back to it
-        r.prefill(seqs, e.blocks).result()
+        r.prefill(seqs).result()
     torch.testing.assert_close(r.first_hidden[:3].float(), eager.float(), atol=5e-2, rtol=5e-2)
     flat, flat_eager, flat_before = (c.view(-1, *c.shape[2:]) for c in (layer.k_cache, k_eager, before))
     torch.testing.assert_close(flat[slots].float(), flat_eager[slots].float(), atol=5e-2, rtol=5e-2)

@@ -108,7 +108,7 @@ class LLMEngine:
             if batch.is_prefill:
                 for seq in batch.seqs:
                     self.runner.admit(seq, self.eos_token_ids)
-                launched = self.runner.prefill(batch.seqs, self.blocks)
+                launched = self.runner.prefill(batch.seqs)
                 self.stats.prefill_steps += 1
                 self.stats.prefill_tokens += sum(s.prompt_len for s in batch.seqs)
             else:

@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from kernels import dispatch
-from python_backends.ar.block_manager import BlockManager
 from python_backends.ar.config import EngineConfig
 from python_backends.ar.sampling import sample
 from python_backends.ar.sequence import Sequence
@@ -361,7 +360,7 @@ class ModelRunner:
         return self._copy_out(seqs, result)
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence], blocks: BlockManager) -> StepHandle:
+    def prefill(self, seqs: list[Sequence]) -> StepHandle:
         n, variant = len(seqs), self.variant(seqs)
         total = sum(s.prompt_len for s in seqs)
         t = next((t for t in self.prefill_sizes if t >= total), None)
@@ -372,7 +371,7 @@ class ModelRunner:
             self.prefill_graphs[t].replay()
             hidden = self.first_hidden[:n]                       # written by the graph
         else:
-            hidden = self.prefill_hidden(seqs, blocks)
+            hidden = self.prefill_hidden(seqs)
         # the first token (frame) from the prompts' last hidden states: for a frame model ~1,700 small
         # kernels (a code predictor's sub-steps), replayed as a graph of the decode buckets' sizes
         bucket = next((b for b in self.graph_sizes if b >= n), None) \
@@ -394,7 +393,7 @@ class ModelRunner:
         p, bs = torch.arange(s.prompt_len), self.config.block_size
         return torch.tensor(s.block_table)[p // bs] * bs + p % bs
 
-    def prefill_hidden(self, seqs: list[Sequence], blocks: BlockManager, all_tokens: bool = False) -> torch.Tensor:
+    def prefill_hidden(self, seqs: list[Sequence], all_tokens: bool = False) -> torch.Tensor:
         """Forward over the packed prompts; hidden states at each prompt's last token (or at every token)."""
         ids, pos, slots, cu = [], [], [], [0]
         for s in seqs:
@@ -410,8 +409,8 @@ class ModelRunner:
         hidden = self.model(x, up(torch.cat(pos)), ctx)
         return hidden if all_tokens else hidden[up([c - 1 for c in cu[1:]])]
 
-    def prefill_logits(self, seqs: list[Sequence], blocks: BlockManager, all_tokens: bool = False) -> torch.Tensor:
-        return self.model.compute_logits(self.prefill_hidden(seqs, blocks, all_tokens))
+    def prefill_logits(self, seqs: list[Sequence], all_tokens: bool = False) -> torch.Tensor:
+        return self.model.compute_logits(self.prefill_hidden(seqs, all_tokens))
 
     def _copy_out(self, seqs: list[Sequence], result: torch.Tensor) -> StepHandle:
         if not self.cuda:
