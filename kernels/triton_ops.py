@@ -50,6 +50,20 @@ def _rows3(x: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
+def _residual_add(x, r):
+    """x + residual, rounded to x's dtype (both the new residual and the norm's input)."""
+    return (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _norm_scale(h, w, dtype, ZERO_CENTERED: tl.constexpr):
+    """The normalised fp32 h times the norm weight (fp32), rounded as the reference rounds; fp32 out."""
+    if ZERO_CENTERED:
+        return h * (1.0 + w)                             # (h * (1 + w.float())).to(x.dtype)
+    return w * h.to(dtype).to(tl.float32)                # weight * h.to(x.dtype), in the promoted dtype
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, y_ptr, s_ptr,
     n_rows, n1, stride_x0, stride_x1, stride_r0, stride_r1,
@@ -67,16 +81,13 @@ def _rms_norm_kernel(
     if HAS_RESIDUAL:
         # s = x + residual, rounded to x's dtype; it is both the new residual and the norm's input
         r = tl.load(res_ptr + (i * stride_r0 + j * stride_r1)[:, None] + offs[None, :], mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        x = _residual_add(x, r)
         tl.store(s_ptr + out_offs, x, mask=mask)
 
     h = x.to(tl.float32)
     h = h * tl.rsqrt(tl.sum(h * h, axis=1) / D + eps)[:, None]
     w = tl.load(w_ptr + offs, mask=offs < D, other=0.0).to(tl.float32)[None, :]
-    if ZERO_CENTERED:
-        y = h * (1.0 + w)                                # (h * (1 + w.float())).to(x.dtype)
-    else:
-        y = w * h.to(x.dtype).to(tl.float32)             # weight * h.to(x.dtype), in the promoted dtype
+    y = _norm_scale(h, w, x.dtype, ZERO_CENTERED)
     tl.store(y_ptr + out_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -120,16 +131,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
+def _silu_mul(gate, up):
+    """silu(gate) * up in gate's dtype, rounded as the unfused pair rounds."""
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)       # F.silu rounds to the input dtype ...
+    return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)   # ... then the product again
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, y_ptr, stride_x, I, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0)
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)       # F.silu rounds to the input dtype ...
-    y = act.to(tl.float32) * up.to(tl.float32)           # ... then the product is rounded again
-    tl.store(y_ptr + row * I + offs, y.to(gate.dtype), mask=mask)
+    tl.store(y_ptr + row * I + offs, _silu_mul(gate, up), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -169,19 +185,12 @@ def _skinny_input_tile(x_ptr, res_ptr, nw_ptr, kk, kmask, K, rstd,
                        ZERO_CENTERED: tl.constexpr):
     x = tl.load(x_ptr + kk, mask=kmask, other=0.0)
     if GATED:
-        up = tl.load(x_ptr + K + kk, mask=kmask, other=0.0)
-        g = x.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(x.dtype)
-        x = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+        x = _silu_mul(x, tl.load(x_ptr + K + kk, mask=kmask, other=0.0))
     if NORM:
         if HAS_RESIDUAL:
-            x = (x.to(tl.float32) + tl.load(res_ptr + kk, mask=kmask, other=0.0).to(tl.float32)).to(x.dtype)
-        h = x.to(tl.float32) * rstd
+            x = _residual_add(x, tl.load(res_ptr + kk, mask=kmask, other=0.0))
         nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
-        if ZERO_CENTERED:
-            x = (h * (1.0 + nw)).to(x.dtype)
-        else:
-            x = (nw * h.to(x.dtype).to(tl.float32)).to(x.dtype)
+        x = _norm_scale(x.to(tl.float32) * rstd, nw, x.dtype, ZERO_CENTERED).to(x.dtype)
     return x
 
 
@@ -203,7 +212,7 @@ def _skinny_linear_kernel(
             kmask = kk < K
             x = tl.load(x_ptr + kk, mask=kmask, other=0.0)
             if HAS_RESIDUAL:
-                x = (x.to(tl.float32) + tl.load(res_ptr + kk, mask=kmask, other=0.0).to(tl.float32)).to(x.dtype)
+                x = _residual_add(x, tl.load(res_ptr + kk, mask=kmask, other=0.0))
                 if pid == 0:
                     tl.store(s_ptr + kk, x, mask=kmask)
             squares += x.to(tl.float32) * x.to(tl.float32)
