@@ -58,9 +58,12 @@ def _residual_add(x, r):
 @triton.jit
 def _norm_scale(h, w, dtype, ZERO_CENTERED: tl.constexpr):
     """The normalised fp32 h times the norm weight (fp32), rounded as the reference rounds; fp32 out."""
+    # one return at the end, as the kernels had it: the compiler need not follow returns in branches
     if ZERO_CENTERED:
-        return h * (1.0 + w)                             # (h * (1 + w.float())).to(x.dtype)
-    return w * h.to(dtype).to(tl.float32)                # weight * h.to(x.dtype), in the promoted dtype
+        y = h * (1.0 + w)                                # (h * (1 + w.float())).to(x.dtype)
+    else:
+        y = w * h.to(dtype).to(tl.float32)               # weight * h.to(x.dtype), in the promoted dtype
+    return y
 
 
 @triton.jit
