@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.step import Request, Step, StepContext
@@ -76,6 +77,18 @@ class Window:
     seed: int = 0                   # for codecs that draw noise
 
 
+def bit_stable_on_cpu(device, pad_rows: str) -> None:
+    """pad_rows "fixed" promises a chunk the same bits whichever requests share its decoder call. On
+    the CPU that also takes one intra-op thread in the codec's process: the decoders' rounding changes
+    with the number of threads that split an op (tiny SNAC and Qwen3-TTS decoders: up to 6e-7 and 2e-6
+    between 1 and 2 threads), and with torch's default threads a Qwen3-TTS stream decoded beside others
+    differed from the same stream alone by 1 LSB in a few samples (tests/test_tts_qwen3_server.py,
+    every run of one afternoon; with one thread, none). Why the threads split the two cases
+    differently is not known."""
+    if pad_rows == "fixed" and torch.device(device).type == "cpu":
+        torch.set_num_threads(1)
+
+
 class ChunkedCodec(Step):
     """Base of the stateless codec steps. Each talker response carries every frame its chunks'
     windows need; `windows` cuts them, and windows of the same length from all requests in the batch
@@ -97,6 +110,7 @@ class ChunkedCodec(Step):
             raise ValueError("decode_batch must be >= 1")
         if self.params.pad_rows not in ("fixed", "pow2"):
             raise ValueError(f"pad_rows must be 'fixed' or 'pow2', got {self.params.pad_rows!r}")
+        bit_stable_on_cpu(ctx.device, self.params.pad_rows)
         self.dtype = torch_dtype(self.params.dtype)
 
     def windows(self, index: int, req: Request) -> list[Window]:

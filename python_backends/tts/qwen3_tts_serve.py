@@ -61,7 +61,7 @@ from python_backends.runtime.params import torch_dtype
 from python_backends.runtime.spec import TensorSpec
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.chunking import ChunkPlan
+from python_backends.tts.chunking import ChunkPlan, bit_stable_on_cpu
 from python_backends.tts.qwen3_tts import assistant_text, instruct_text, language_id, languages, reference_text
 from python_backends.tts.qwen3_tts_codec import load_codec
 from python_backends.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
@@ -326,6 +326,7 @@ class Qwen3TTSCodecStep(Step):
             raise ValueError("decode_batch and max_streams must be >= 1, stream_idle_s > 0")
         if p.pad_rows not in ("fixed", "pow2"):
             raise ValueError(f"pad_rows must be 'fixed' or 'pow2', got {p.pad_rows!r}")
+        bit_stable_on_cpu(ctx.device, p.pad_rows)
         self.codec = load_codec(speech_folder(ctx, p.codec_checkpoint, p.checkpoint), ctx.device, torch_dtype(p.dtype))
         self.sample_rate, self.n = self.codec.sample_rate, self.codec.num_quantizers
         self.codebook_size = self.codec.decoder.config["codebook_size"]
