@@ -224,8 +224,9 @@ def _skinny_linear_kernel(
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + k
         kmask = kk < K
+        # each weight is read once: evict it first, keep the L2 for the input row
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * stride_w + kk[None, :],
-                    mask=nmask[:, None] & kmask[None, :], other=0.0)
+                    mask=nmask[:, None] & kmask[None, :], other=0.0, eviction_policy="evict_first")
         x = _skinny_input_tile(x_ptr, res_ptr, nw_ptr, kk, kmask, K, rstd, GATED, NORM, HAS_RESIDUAL, ZERO_CENTERED)
         partial += w.to(tl.float32) * x.to(tl.float32)[None, :]
     y = tl.sum(partial, axis=1)
