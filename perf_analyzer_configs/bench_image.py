@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import datetime
 import gc
 import json
@@ -92,7 +93,7 @@ TINY = {   # converters/tiny_image.py's shapes: same structure, seconds on a CPU
 }
 SIZES = {"real": [1024, 512], "tiny": [64, 32]}
 PROMPT_CHARS = 120       # byte-level tokenizer: one token per character, plus the chat template's
-# ours-compile last: it compiles the shared transformer's blocks in place
+# ours-compile last: it compiles the blocks of the transformer copy that "ours" also runs, in place
 MODE_ORDER = ["ours", "diffusers", "diffusers-compile", "server", "ours-compile"]
 FLOPS_NOTE = ("Denoise FLOPs per image and transformer call = 2·P·T + 4·d·ΣL²: P = matmul weights a token passes "
               "through per block (4d² for q, k, v, out + 3·d·f for the SwiGLU MLP; Z-Image f = 8d/3, FLUX.2 f = 3d, "
@@ -168,7 +169,7 @@ def image_flops(name: str, cfg: dict, img: int, txt: int, caption: bool = True) 
 
 def call_flops(name: str, cfg: dict, args, kwargs) -> tuple[float, int, int]:
     """(FLOPs, rows, text tokens of row 0) of one transformer call, read off its inputs."""
-    if isinstance(args[0], ZImageContext):                 # our split Z-Image call: (context, x, t)
+    if args and isinstance(args[0], ZImageContext):        # our split Z-Image call: (context, x, t)
         c = args[0]
         return sum(image_flops(name, cfg, c.tokens, n, caption=False) for n in c.caption_lens), \
             len(c.caption_lens), c.caption_lens[0]
@@ -254,8 +255,12 @@ def build_steps(ctx, compiled: bool = False) -> dict:
     cfg = load_ensemble(ROOT / "ensemble_configs" / f"{ctx.name}.yaml")
     modules = (python_backends.image.denoise, python_backends.image.text_encoder, python_backends.image.vae)
     saved = [m.load_component for m in modules]
+    # Our denoise step sets its transformer's attention kernel (its `attention` parameter) and compiles
+    # its blocks: it gets a copy of the same weights, so the diffusers modes keep their defaults.
+    ctx.own_transformer = ctx.own_transformer or copy.deepcopy(ctx.components["transformer"])
+    own = dict(ctx.components, transformer=ctx.own_transformer)
     for m in modules:
-        m.load_component = lambda folder, name, dtype="float32", device="cpu": ctx.components[name]
+        m.load_component = lambda folder, name, dtype="float32", device="cpu": own[name]
     try:
         steps = {}
         for s in cfg.steps:
@@ -529,7 +534,8 @@ def main() -> int:
     for name in args.models:
         spec = spec_for(name, args.shapes)
         ctx = argparse.Namespace(name=name, spec=spec, tcfg=spec["transformer"][1], cuda=cuda, args=args, matmul=matmul,
-                                 device="cuda:0" if cuda else "cpu", steps=None, steps_compiled=None, pipe=None, compiled=None, server=None,
+                                 device="cuda:0" if cuda else "cpu", steps=None, steps_compiled=None, own_transformer=None, pipe=None,
+                                 compiled=None, server=None,
                                  reference={}, sync=torch.cuda.synchronize if cuda else (lambda: None))
         ctx.folder = write_folder(spec, Path(args.workdir) / f"{args.shapes}-{name}")
         t = time.perf_counter()

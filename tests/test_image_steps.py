@@ -178,3 +178,18 @@ def test_guidance_switches_the_negative_branch_per_model(tmp_path, tiny_checkpoi
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="model_index.json"):
         load_steps("z_image_turbo", checkpoint=tmp_path)
+
+
+def test_attention_parameter_is_checked_where_the_step_loads():
+    """`attention` picks diffusers' attention backend: the YAMLs give GPUs cuDNN, CPUs torch's own;
+    an unknown name, or cuDNN on a CPU, fails at load naming the parameter."""
+    cfg = load_ensemble(ROOT / "ensemble_configs" / "z_image_turbo.yaml")
+    denoise = next(s for s in cfg.steps if s.key == "denoise")
+    assert (cfg.resolved_parameters(denoise, "gpu")["attention"], cfg.resolved_parameters(denoise, "cpu")["attention"]) \
+        == ("cudnn", "native")
+    for value, reason in (("flash3", "expected one of"), ("cudnn", "needs a CUDA device")):
+        raw = dict(cfg.resolved_parameters(denoise, "cpu"), attention=value)
+        ctx = StepContext(model_name="z", params=parse_params(denoise.cls.Params, raw), device="cpu", base_dir=ROOT,
+                          max_batch_size=cfg.max_batch_size)
+        with pytest.raises(ValueError, match=f"parameter attention: .*{reason}"):
+            denoise.cls(ctx)
