@@ -40,3 +40,25 @@ def test_split_forward_equals_the_models_forward(model, cap_lens, grid):
     assert want.abs().mean() > 0.1
     assert (got - want).abs().max() < 1e-5
     assert (again - want_again).abs().max() < 1e-5
+
+
+def test_real_rotary_blocks_equal_the_models_forward(model):
+    """The compiled path's attention (RoPE as real (cos, sin) pairs, `use_real_rotary`) computes the
+    products of diffusers' complex ones; a wrong sign in the rotation would not pass."""
+    import copy
+
+    real = copy.deepcopy(model)
+    z_image_transformer.use_real_rotary(real)
+    g = torch.Generator().manual_seed(2)
+    captions = [torch.randn(n, 32, generator=g) for n in (5, 40)]
+    x, t = torch.randn(2, 4, 1, 6, 10, generator=g), torch.rand(2, generator=g)
+    with torch.inference_mode():
+        want = torch.stack(model(list(x.unbind(0)), t, captions, return_dict=False)[0])
+        got = z_image_transformer.step(real, z_image_transformer.prepare(real, captions, (1, 6, 10), real_rotary=True), x, t)
+        q = torch.randn(1, 3, 2, 8, generator=g)
+        angle = torch.rand(1, 3, 4, generator=g) * 6
+        cis = torch.polar(torch.ones_like(angle), angle)
+        rotated = z_image_transformer.rotate(q, torch.view_as_real(cis))
+        by_complex = torch.view_as_real(torch.view_as_complex(q.unflatten(-1, (-1, 2))) * cis.unsqueeze(2)).flatten(3)
+    assert (got - want).abs().max() < 1e-5
+    assert (rotated - by_complex).abs().max() < 1e-6      # float32 rounding (complex kernels may use FMAs)

@@ -90,7 +90,8 @@ class DenoiseStep(Step):
         self.vae_scale = vae_scale_factor(self.folder)
         self._schedules: dict[Hashable, tuple] = {}
         self.set_attention(self.params.attention)
-        if self.params.compile and torch.device(self.device).type == "cuda":
+        self.compiled = self.params.compile and torch.device(self.device).type == "cuda"
+        if self.compiled:
             self.transformer.compile_repeated_blocks(fullgraph=True)
 
     def set_attention(self, name: str) -> None:

@@ -54,6 +54,8 @@ class ZImageDenoise(DenoiseStep):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.split_forward = z_image_transformer.SplitForward(self.transformer)
+        if self.compiled:      # compiled blocks: RoPE in real arithmetic (inductor has no complex codegen)
+            z_image_transformer.use_real_rotary(self.transformer)
 
     def latent_shape(self, job: Job) -> tuple[int, ...]:
         s = self.vae_scale * 2
@@ -88,7 +90,8 @@ class ZImageDenoise(DenoiseStep):
         def context(with_cfg: bool) -> z_image_transformer.ZImageContext:
             if with_cfg not in contexts:
                 contexts[with_cfg] = z_image_transformer.prepare(
-                    self.transformer, captions + (g.negatives if with_cfg else []), (1, h, w))
+                    self.transformer, captions + (g.negatives if with_cfg else []), (1, h, w),
+                    real_rotary=self.compiled)
             return contexts[with_cfg]
 
         latents = noise

@@ -46,6 +46,7 @@ class ZImageContext:
     caption: torch.Tensor                  # [B, Lc_max, D] captions after embedding and the context refiner
     x_freqs: torch.Tensor                  # [B, Lx, head_dim / 2] complex RoPE of the image tokens
     unified_freqs: torch.Tensor            # [B, Lu_max, head_dim / 2] RoPE of [image, caption]
+                                           #   (both [..., 2] real pairs after prepare(real_rotary=True))
     unified_mask: torch.Tensor | None      # [B, Lu_max] keys to attend to; None: all
     unified_index: torch.Tensor | None     # [B, Lu_max] rows of [x | caption | zero] making the sequence;
                                            #   None: plain concatenation (all captions equally long)
@@ -55,9 +56,10 @@ class ZImageContext:
 
 
 def prepare(model, captions: list[torch.Tensor], grid: tuple[int, int, int], patch_size: int = 2,
-            f_patch_size: int = 1) -> ZImageContext:
+            f_patch_size: int = 1, real_rotary: bool = False) -> ZImageContext:
     """Everything about `captions` ([L_i, cap_feat_dim] each, one per batch item) and an image latent
-    grid (F, H, W) that the forward would recompute at every step."""
+    grid (F, H, W) that the forward would recompute at every step. `real_rotary`: the per-step RoPE
+    tables as [..., 2] (cos, sin) float pairs, for a model prepared by `use_real_rotary`."""
     device = captions[0].device
     F, H, W = grid
     ft, ht, wt = F // f_patch_size, H // patch_size, W // patch_size
@@ -97,6 +99,8 @@ def prepare(model, captions: list[torch.Tensor], grid: tuple[int, int, int], pat
         unified_index = torch.full((len(captions), longest), zero_row, dtype=torch.long, device=device)
         for i, n in enumerate(cap_lens):
             unified_index[i, :x_len + n] = torch.arange(x_len + n, device=device)
+    if real_rotary:
+        x_freqs, unified_freqs = torch.view_as_real(x_freqs), torch.view_as_real(unified_freqs)
     return ZImageContext(caption=caption, x_freqs=x_freqs, unified_freqs=unified_freqs,
                          unified_mask=_key_mask(unified_lens, device), unified_index=unified_index,
                          caption_lens=[len(c) for c in captions], tokens=tokens, patch=(patch_size, f_patch_size))
@@ -144,3 +148,46 @@ class SplitForward(torch.nn.Module):
 
     def forward(self, ctx: ZImageContext, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return step(self.model, ctx, x, t)
+
+
+def rotate(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """x [B, L, H, D] times the rotation of `cos_sin` [B, L, D/2, 2], each pair (x[2i], x[2i+1]) taken as
+    the complex number diffusers' Z-Image attention makes of it: the same product in float32,
+    (a + bi)(c + di) = (ac - bd) + (ad + bc)i, in real arithmetic (rounding may differ where the
+    complex kernel fuses multiply-adds), then back to x's dtype."""
+    a, b = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    c, d = cos_sin.unsqueeze(2).unbind(-1)
+    return torch.stack((a * c - b * d, a * d + b * c), dim=-1).flatten(3).type_as(x)
+
+
+def real_rotary_processor():
+    """diffusers' Z-Image attention processor with the rotary product of `rotate`: torch.compile has
+    no code generation for complex tensors and runs that product as separate eager kernels in every
+    block (inductor warns so); in real arithmetic it fuses with the q/k norm around it."""
+    from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor, dispatch_attention_fn
+
+    class RealRotaryProcessor(ZSingleStreamAttnProcessor):
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, freqs_cis=None):
+            q, k, v = (proj(hidden_states).unflatten(-1, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k, attn.to_v))
+            q = attn.norm_q(q) if attn.norm_q is not None else q
+            k = attn.norm_k(k) if attn.norm_k is not None else k
+            if freqs_cis is not None:
+                q, k = rotate(q, freqs_cis), rotate(k, freqs_cis)
+            if attention_mask is not None and attention_mask.ndim == 2:
+                attention_mask = attention_mask[:, None, None, :]
+            out = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                                        backend=self._attention_backend, parallel_config=self._parallel_config)
+            out = attn.to_out[0](out.flatten(2, 3).to(q.dtype))
+            return attn.to_out[1](out) if len(attn.to_out) > 1 else out
+
+    return RealRotaryProcessor()
+
+
+def use_real_rotary(model) -> None:
+    """The blocks that `step` runs take `prepare(real_rotary=True)` tables from now on (the caption
+    refiner, run by `prepare`, keeps the complex ones). Each keeps its attention backend."""
+    for layer in (*model.noise_refiner, *model.layers):
+        old = layer.attention.processor
+        new = real_rotary_processor()
+        new._attention_backend, new._parallel_config = old._attention_backend, old._parallel_config
+        layer.attention.set_processor(new)
