@@ -62,3 +62,13 @@ def test_real_rotary_blocks_equal_the_models_forward(model):
         by_complex = torch.view_as_real(torch.view_as_complex(q.unflatten(-1, (-1, 2))) * cis.unsqueeze(2)).flatten(3)
     assert (got - want).abs().max() < 1e-5
     assert (rotated - by_complex).abs().max() < 1e-6      # float32 rounding (complex kernels may use FMAs)
+
+
+def test_real_rotary_blocks_share_one_processor_class(model):
+    """torch.compile shares one compiled block among the layers only if their processors are of one class."""
+    import copy
+
+    real = copy.deepcopy(model)
+    z_image_transformer.use_real_rotary(real)
+    kinds = {type(layer.attention.processor) for layer in (*real.noise_refiner, *real.layers)}
+    assert len(kinds) == 1 and kinds != {type(model.layers[0].attention.processor)}

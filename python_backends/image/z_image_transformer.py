@@ -20,6 +20,7 @@ compare them). The layout rules it mirrors, for the basic (non-omni) mode:
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -160,10 +161,12 @@ def rotate(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     return torch.stack((a * c - b * d, a * d + b * c), dim=-1).flatten(3).type_as(x)
 
 
-def real_rotary_processor():
+@functools.cache
+def real_rotary_processor_class():
     """diffusers' Z-Image attention processor with the rotary product of `rotate`: torch.compile has
     no code generation for complex tensors and runs that product as separate eager kernels in every
-    block (inductor warns so); in real arithmetic it fuses with the q/k norm around it."""
+    block (inductor warns so); in real arithmetic it fuses with the q/k norm around it. One class for
+    all blocks: the compiled block code is shared, and it is specialised on the processor's class."""
     from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor, dispatch_attention_fn
 
     class RealRotaryProcessor(ZSingleStreamAttnProcessor):
@@ -180,7 +183,7 @@ def real_rotary_processor():
             out = attn.to_out[0](out.flatten(2, 3).to(q.dtype))
             return attn.to_out[1](out) if len(attn.to_out) > 1 else out
 
-    return RealRotaryProcessor()
+    return RealRotaryProcessor
 
 
 def use_real_rotary(model) -> None:
@@ -188,6 +191,6 @@ def use_real_rotary(model) -> None:
     refiner, run by `prepare`, keeps the complex ones). Each keeps its attention backend."""
     for layer in (*model.noise_refiner, *model.layers):
         old = layer.attention.processor
-        new = real_rotary_processor()
+        new = real_rotary_processor_class()()
         new._attention_backend, new._parallel_config = old._attention_backend, old._parallel_config
         layer.attention.set_processor(new)
