@@ -175,3 +175,35 @@ def test_one_abort_request_names_several_streams():
     assert ARDecode.handle_abort(step, request, sink)
     assert aborted == ["a1", "b2", "c3"] and answers == [True]
     assert not ARDecode.handle_abort(step, Request({}), sink)
+
+
+def test_auto_stream_interval_sends_the_first_tokens_at_once_then_groups_by_load():
+    """stream_interval 0: a stream's first released tokens go out at once (time to first token); later
+    responses carry 1 + one token per STREAMS_PER_TOKEN live streams; the last one whatever is left."""
+    import threading
+    from types import SimpleNamespace
+
+    from python_backends.ar.step import STREAMS_PER_TOKEN, ARDecode, ARParams, _Reply
+    from python_backends.text.stream import TokenStream
+
+    step = object.__new__(ARDecode)
+    step.params, step.live_lock, step.requests_finished = ARParams(stream_interval=0), threading.Lock(), 0
+    sent = []
+
+    def reply():
+        sink = SimpleNamespace(send=lambda outputs, final=False: sent.append((outputs["token_ids"].tolist(),
+                                                                              int(outputs["num_context"][0]), final)))
+        return _Reply(sink, TokenStream([bytes([97 + i % 26]) for i in range(64)], []), True, 3)
+
+    others = [reply() for _ in range(4 * STREAMS_PER_TOKEN - 1)]
+    step.live = set(others)
+    r = reply()
+    step.live.add(r)                      # 4 * STREAMS_PER_TOKEN live streams: 5 tokens a response
+    for t in range(12):
+        step._deliver(r, [t], None)
+    step._deliver(r, [12], "length")
+    assert sent == [([0], 0, False),                                  # at once
+                    ([0, 1, 2, 3, 4, 5], 1, False),                   # context [0] + 5 new
+                    ([2, 3, 4, 5, 6, 7, 8, 9, 10], 4, False),         # 4 tokens of context + 5 new
+                    ([7, 8, 9, 10, 11, 12], 4, True)]                 # the rest, final
+    assert r not in step.live

@@ -37,7 +37,7 @@ CANCEL_CHECK_S = 0.1
 ABORT_MEMORY_S = 60.0
 CANCEL = "cancel"            # outbox message: the front asked to abort this reply
 CANCEL_CHECKS_PER_ROUND = 8
-STREAMS_PER_TOKEN = 8        # stream_interval 0 (auto): one more token per response for every 8 live streams
+STREAMS_PER_TOKEN = 2        # stream_interval 0 (auto): one more token per response for every 2 live streams
 
 
 @dataclass
@@ -55,12 +55,14 @@ class ARParams:
     enforce_eager: bool = False
     use_triton_kernels: bool = True
     load_format: str = "auto"          # "dummy": random weights from config.json (benchmarks)
-    # tokens per streamed response: n >= 1 at least n (fewer only at the end); 0 (auto): 1 while few
-    # streams are live, then one more per STREAMS_PER_TOKEN live streams. Each response is a request
-    # for every later ensemble step and a relay through the model's front. Measured on an H200
-    # (qwen3_chat, qwen3-0.6b shape, c=64, 8 fronts): auto 9,425 / 9,362 tokens/s against 7,610-8,087
-    # with 1; with 16 fronts 11,344 / 11,109 against 9,728 / 9,900. The chat YAMLs use auto on GPUs;
-    # the default stays 1 (a talker's frames go to its codec, not to a front).
+    # tokens per streamed response after the first (which goes out at once, for the time to first
+    # token): n >= 1 at least n (fewer only at the end); 0 (auto): 1 while one stream is live, then
+    # one more per STREAMS_PER_TOKEN live streams (33 at 64). Each response is a request for every
+    # later ensemble step and a relay through the model's front, so under load their number, not the
+    # tokens, bounds the server. H200, qwen3_chat, qwen3-0.6b shape, c=64 (in-process: 22.1-22.4k
+    # tokens/s): 9 a response (auto's old rule, one more per 8 streams) 10.5-13.2k, 32 19.0-19.2k.
+    # The chat YAMLs use auto on GPUs; the default stays 1 (a talker's frames go to its codec, not
+    # to a front).
     stream_interval: int = 1
     # Python's GIL hand-over interval in this step's process (sys.setswitchinterval). The engine thread
     # gives the GIL up at every step's device->host copy; while the delivery thread is busy sending
@@ -89,6 +91,7 @@ class _Reply:
     context: list[int] = field(default_factory=list)
     unsent: list[int] = field(default_factory=list)      # released, not sent yet (non-streaming: until the end)
     n_released: int = 0
+    n_responses: int = 0
     done: bool = False
     request_id: str = ""
     last_checked: float = 0.0        # when Triton was last asked whether it was cancelled
@@ -270,7 +273,7 @@ class ARDecode(Step):
                 self._send(reply, [], reply.unsent, stop_hit, reason)
         elif released or reason is not None:
             reply.unsent += released
-            if reason is None and len(reply.unsent) < self.stream_interval():
+            if reason is None and reply.n_responses and len(reply.unsent) < self.stream_interval():
                 return
             self._send(reply, reply.context, reply.unsent, stop_hit, reason)
             reply.context = (reply.context + reply.unsent)[-CONTEXT_TOKENS:]
@@ -284,6 +287,7 @@ class ARDecode(Step):
 
     def _send(self, reply: _Reply, context: list[int], new: list[int], stop: str | None, reason: str | None) -> None:
         self.requests_finished += reason is not None
+        reply.n_responses += 1
         reply.sink.send({
             "token_ids": np.asarray(context + new, dtype=np.int32),
             "num_context": np.asarray([len(context)], dtype=np.int32),
