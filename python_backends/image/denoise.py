@@ -101,6 +101,8 @@ class DenoiseStep(Step):
             return
         if torch.device(self.device).type != "cuda":
             raise ValueError(f"parameter attention: {name!r} needs a CUDA device, this step runs on {self.device}")
+        if not hasattr(self.transformer, "set_attention_backend"):
+            raise ValueError(f"parameter attention: {type(self.transformer).__name__} takes only 'native'")
         self.transformer.set_attention_backend(ATTENTION_BACKENDS[name])
 
     # -- what a model says ----------------------------------------------------------------------
