@@ -74,8 +74,9 @@ class EnsembleConfig:
     # processes of a streaming ensemble's front (python_backends/runtime/front.py): one front relays
     # every response of its streams through one lock (the stub is not thread-safe). H200, qwen3_chat
     # 0.6B shape, c=64: 3.3k streamed tokens/s with 1 front, 5.7k with 4, 7.6-8.1k with 8, 9.7-9.9k
-    # with 16 (11.1-11.3k with the chat YAMLs' GPU stream_interval 0), 13.6k calling the ensemble
-    # without a front. Triton spreads requests over idle instances. An int or {cpu: N, gpu: M}.
+    # with 16 (11.1-11.3k with the chat YAMLs' GPU stream_interval 0; 18.2k once that sent 33 tokens a
+    # response at 64 streams, results/ar_decode.md), 13.6k calling the ensemble without a front.
+    # Triton spreads requests over idle instances. An int or {cpu: N, gpu: M}.
     front_instances: Any = field(default_factory=lambda: {"cpu": 1, "gpu": 16})
 
     def front_count(self, target: str) -> int:
