@@ -19,7 +19,7 @@ from PIL import Image
 
 from client.image import ImageClient
 from client.speech import SpeechClient
-from tests.conftest import ROOT, assert_int16_close, running_server
+from tests.conftest import ROOT, assert_int16_equal, running_server
 from tests.test_openai_proxy import running_proxy
 
 pytestmark = pytest.mark.server
@@ -59,7 +59,7 @@ def test_speech_to_a_file_equals_the_direct_call(server, sdk, tmp_path):
         stream = f.streams.audio[0]
         samples = np.concatenate([fr.to_ndarray().reshape(-1) for fr in f.decode(stream)])
     assert stream.sample_rate == 24000 and samples.size > 2048
-    assert_int16_close(got[start:], direct.audio[start:])     # the proxy passes the server's bytes through
+    assert_int16_equal(got[start:], direct.audio[start:])     # the proxy passes the server's bytes through
 
 
 def test_streamed_pcm_equals_the_file_samples(sdk):
@@ -74,7 +74,7 @@ def test_streamed_pcm_equals_the_file_samples(sdk):
         samples = np.concatenate([fr.to_ndarray().reshape(-1) for fr in f.decode(audio=0)])
     streamed = np.frombuffer(pcm, dtype="<i2")
     assert streamed.shape == samples.shape and np.abs(streamed).max() > 0
-    assert_int16_close(streamed, samples)
+    assert_int16_equal(streamed, samples)
 
 
 def test_speech_errors_name_the_field(sdk):

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from client.tensors import make_inputs
 from python_backends.media import audio
-from tests.conftest import assert_int16_close, rounds_until_batched, running_server
+from tests.conftest import assert_int16_equal, rounds_until_batched, running_server
 
 pytestmark = pytest.mark.server
 
@@ -103,7 +103,7 @@ def test_streamed_chunks_equal_the_non_streamed_audio(server):
     (pcm, rate, reason), = speak(server, sampling=seeded(), stream=False, voice="tara", response_format="pcm")
     assert (rate, reason) == (24000, "length")
     assert len(pcm) == len(streamed)
-    assert_int16_close(pcm, streamed)
+    assert_int16_equal(pcm, streamed)
     samples = np.frombuffer(pcm, "<i2")
     assert np.abs(samples).max() > 1000                 # not silence
     (wav, _, _), = speak(server, sampling=seeded(), voice="tara", response_format="wav")
