@@ -14,6 +14,8 @@ from python_backends.runtime.errors import InvalidInput
     ({"temperature": -1}, "sampling_parameters.temperature"),
     ({"top_p": 0}, "sampling_parameters.top_p"),
     ({"top_k": -2}, "sampling_parameters.top_k"),
+    ({"top_k": 2 ** 40}, "sampling_parameters.top_k"),              # the engine keeps it in int64 rows
+    ({"seed": 2 ** 64}, "sampling_parameters.seed"),
     ({"stop": [1]}, "sampling_parameters.stop"),
     ({"stop": [""]}, "sampling_parameters.stop"),
     ({"ignore_eos": "yes"}, "sampling_parameters.ignore_eos"),

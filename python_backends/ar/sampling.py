@@ -59,8 +59,10 @@ class SamplingParams:
             raise InvalidInput(f"{FIELD}.temperature", f"must be in [0, 100], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidInput(f"{FIELD}.top_p", f"must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise InvalidInput(f"{FIELD}.top_k", f"must be -1, 0 (off) or > 0, got {self.top_k}")
+        if not -1 <= self.top_k < 2 ** 31:
+            raise InvalidInput(f"{FIELD}.top_k", f"must be -1, 0 (off) or > 0 (below 2^31), got {self.top_k}")
+        if self.seed is not None and not -2 ** 63 <= self.seed < 2 ** 63:
+            raise InvalidInput(f"{FIELD}.seed", f"must fit in 64 bits (signed), got {self.seed}")
         if any(s == "" for s in self.stop):
             raise InvalidInput(f"{FIELD}.stop", "stop strings must not be empty")
         if len(self.stop_token_ids) > 8:
