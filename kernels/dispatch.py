@@ -112,6 +112,27 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len)
 
 
+def argmax(x):
+    """The first index of each row's maximum: x [B, V] -> int64 [B]."""
+    ops = _kernel(x)
+    return ops.argmax(x) if ops is not None else x.argmax(-1)
+
+
+def decode_inputs(rows, position, last_token, block_tables, scratch, block_size):
+    ops = _kernel(rows)
+    if ops is not None:
+        return ops.decode_inputs(rows, position, last_token, block_tables, scratch, block_size)
+    return reference.decode_inputs(rows, position, last_token, block_tables, scratch, block_size)
+
+
+def decode_finish(tokens, rows, out_count, min_tokens, max_tokens, stop_ids, last_token, position, scratch, out,
+                  advance, write_token):
+    ops = _kernel(rows)
+    impl = ops.decode_finish if ops is not None else reference.decode_finish
+    impl(tokens, rows, out_count, min_tokens, max_tokens, stop_ids, last_token, position, scratch, out,
+         advance, write_token)
+
+
 @functools.lru_cache(maxsize=None)
 def varlen_attention_supported(dtype: torch.dtype, head_dim: int, device) -> bool:
     """Whether `prefill_attention` can take the packed (varlen) flash kernel: one launch for every

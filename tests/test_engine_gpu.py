@@ -73,8 +73,7 @@ def test_prefill_graph_equals_eager_prefill_and_writes_only_the_prompts_slots(ti
         e.add(p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     e._drain_inbox()
     seqs = e.scheduler.schedule().seqs
-    for s in seqs:
-        r.admit(s, set())
+    r.admit(seqs, set())
     layer = r.layers[0][0]
     slots = torch.tensor([b * e.blocks.block_size + i % e.blocks.block_size
                           for s in seqs for i, b in ((i, s.block_table[i // e.blocks.block_size]) for i in range(s.prompt_len))])

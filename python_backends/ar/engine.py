@@ -106,8 +106,7 @@ class LLMEngine:
         launched = None
         if batch is not None:
             if batch.is_prefill:
-                for seq in batch.seqs:
-                    self.runner.admit(seq, self.eos_token_ids)
+                self.runner.admit(batch.seqs, self.eos_token_ids)
                 launched = self.runner.prefill(batch.seqs)
                 self.stats.prefill_steps += 1
                 self.stats.prefill_tokens += sum(s.prompt_len for s in batch.seqs)

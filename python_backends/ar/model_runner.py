@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from kernels import dispatch
+from kernels.reference import FINISH_LENGTH, FINISH_NONE, FINISH_STOP  # noqa: F401 - the engine's codes
 from python_backends.ar.config import EngineConfig
 from python_backends.ar.sampling import sample
 from python_backends.ar.sequence import Sequence
@@ -31,7 +32,6 @@ from python_backends.models.context import AttentionCacheSpec, ForwardContext, R
 from python_backends.runtime.device import upload
 
 MAX_STOP_IDS = 16           # eos + stop_token_ids per request (validated in SamplingParams)
-FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
 GREEDY, SAMPLE, FILTERED = "greedy", "sample", "filtered"
 
 
@@ -168,25 +168,31 @@ class ModelRunner:
         return upload(values, self.device, dtype)
 
     # -- per-sequence state -------------------------------------------------------------------
-    def admit(self, seq: Sequence, eos_token_ids: set[int]) -> None:
-        p, r = seq.params, seq.row
-        stops = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(eos_token_ids))
-        table = torch.full((MAX_STOP_IDS,), -1, dtype=torch.int64)
-        table[:len(stops[:MAX_STOP_IDS])] = torch.tensor(stops[:MAX_STOP_IDS], dtype=torch.int64)
-        blocks = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32)
-        blocks[:len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int32)
-        self.block_tables[r] = self.upload(blocks, torch.int32)
-        self.stop_ids[r] = self.upload(table)
-        self.position[r] = seq.prompt_len
-        self.out_count[r] = 0
-        self.max_tokens[r] = p.max_tokens
-        self.min_tokens[r] = p.min_tokens
-        self.temperature[r] = p.temperature
-        self.top_k[r] = p.top_k
-        self.top_p[r] = p.top_p
-        self.seeds[r] = p.seed
+    def admit(self, seqs: list[Sequence], eos_token_ids: set[int]) -> None:
+        """The new sequences' rows of device state, in one upload and a few scatters for all of them.
+        (Element by element it was ~10 tiny copies a sequence, and the first scalar assignment waited
+        for the step in flight: a 64-request prefill step spent tens of ms of host time here.)"""
+        ints, floats = [], []
+        for seq in seqs:
+            p = seq.params
+            stops = (list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(eos_token_ids)))[:MAX_STOP_IDS]
+            blocks = list(seq.block_table)
+            ints.append([seq.prompt_len, 0, p.max_tokens, p.min_tokens, p.top_k, p.seed]
+                        + stops + [-1] * (MAX_STOP_IDS - len(stops))
+                        + blocks + [0] * (self.max_blocks_per_seq - len(blocks)))
+            floats.append([p.temperature, p.top_p])
+        rows = self.upload([seq.row for seq in seqs])
+        ints, floats = self.upload(ints), self.upload(floats, torch.float32)
+        for i, state in enumerate((self.position, self.out_count, self.max_tokens, self.min_tokens, self.top_k,
+                                   self.seeds)):
+            state[rows] = ints[:, i]
+        self.stop_ids[rows] = ints[:, 6:6 + MAX_STOP_IDS]
+        self.block_tables[rows] = ints[:, 6 + MAX_STOP_IDS:].int()
+        self.temperature[rows] = floats[:, 0]
+        self.top_p[rows] = floats[:, 1]
         if self.frame_model:
-            self.model.admit_row(r, seq.prompt)
+            for seq in seqs:
+                self.model.admit_row(seq.row, seq.prompt)
 
     @staticmethod
     def variant(seqs: list[Sequence]) -> str:
@@ -200,40 +206,37 @@ class ModelRunner:
     def _picker(self, rows: torch.Tensor, variant: str) -> Pick:
         """The rows' sampler: argmax, or the seeded sampler with each row's parameters."""
         if variant == GREEDY:
-            return lambda logits, steps: logits.argmax(-1)
+            return lambda logits, steps: dispatch.argmax(logits)
         t, k, p, seeds = self.temperature[rows], self.top_k[rows], self.top_p[rows], self.seeds[rows]
         f = variant == FILTERED
         return lambda logits, steps: sample(logits, t, k, p, seeds, steps, f, f)
 
-    def _sample_and_check(self, hidden: torch.Tensor, rows: torch.Tensor, variant: str) -> torch.Tensor:
-        """Next tokens (frames), the finish code of each row, and the rows' device state advanced."""
-        pick, frame = self._picker(rows, variant), None
+    def _sample_and_check(self, hidden: torch.Tensor, rows: torch.Tensor, variant: str, out: torch.Tensor,
+                          advance: bool = False) -> torch.Tensor:
+        """Next tokens (frames) into out [N + 1, B], then each row's finish code; the rows' device
+        state advanced (`advance`: a decode step's, which moves the positions too). Returns out."""
+        pick = self._picker(rows, variant)
         if self.frame_model:
             frame = self.model.sample_frame(hidden, rows, self.out_count[rows], pick)
+            out[:-1] = frame.T
             tokens = frame[:, 0]                # code 0 decides stops, as a text model's token does
         else:
-            tokens = pick(self.model.compute_logits(hidden), self.out_count[rows])
-        count = self.out_count[rows] + 1
-        stop = (tokens[:, None] == self.stop_ids[rows]).any(-1) & (count > self.min_tokens[rows])
-        code = torch.where(stop, FINISH_STOP, torch.where(count >= self.max_tokens[rows], FINISH_LENGTH, FINISH_NONE))
-        self.last_token[rows] = tokens
-        self.out_count[rows] = count
-        return torch.stack([tokens, code]) if frame is None else torch.cat([frame.T, code[None]])
+            steps = None if variant == GREEDY else self.out_count[rows]
+            tokens = pick(self.model.compute_logits(hidden), steps)
+        dispatch.decode_finish(tokens, rows, self.out_count, self.min_tokens, self.max_tokens, self.stop_ids,
+                               self.last_token, self.position, self.scratch, out, advance,
+                               write_token=not self.frame_model)
+        return out
 
     def _decode_body(self, bs: int, variant: str, max_context_len: int) -> torch.Tensor:
         rows = self.rows[:bs]
-        pos = self.position[rows]
-        valid = rows != self.scratch
-        block = self.block_tables[rows, pos // self.config.block_size].long()
-        slots = torch.where(valid, block * self.config.block_size + pos % self.config.block_size, -1)
-        ctx = ForwardContext(is_prefill=False, slot_mapping=slots, state_slots=rows,
-                             block_tables=self.block_tables[rows], context_lens=torch.where(valid, pos + 1, 0).int(),
-                             max_context_len=max_context_len)
-        x = self.model.decode_embeds(rows, self.out_count[rows]) if self.frame_model else self.last_token[rows]
-        result = self._sample_and_check(self.model(x, pos, ctx), rows, variant)
+        pos, slots, context_lens, tables, tokens = dispatch.decode_inputs(
+            rows, self.position, self.last_token, self.block_tables, self.scratch, self.config.block_size)
+        ctx = ForwardContext(is_prefill=False, slot_mapping=slots, state_slots=rows, block_tables=tables,
+                             context_lens=context_lens, max_context_len=max_context_len)
+        x = self.model.decode_embeds(rows, self.out_count[rows]) if self.frame_model else tokens
         # padding (scratch) rows stay at position 0: advanced, their block index would run off the table
-        self.position[rows] = torch.where(valid, pos + 1, pos)
-        return result
+        return self._sample_and_check(self.model(x, pos, ctx), rows, variant, self.out[:, :bs], advance=True)
 
     def _graph(self, bs: int, variant: str, first: bool = False) -> torch.cuda.CUDAGraph:
         """The decode step of `bs` rows as a CUDA graph; `first`: only a frame model's first frame
@@ -247,7 +250,7 @@ class ModelRunner:
             self._graph_body(bs, variant, first)                # warm-up (kernels compiled, allocations made)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.graph_pool):
-                self.out[:, :bs] = self._graph_body(bs, variant, first)
+                self._graph_body(bs, variant, first)            # writes self.out
             self.graph_pool = graph.pool()
             self.graphs[key] = graph
             self.rows.copy_(saved)
@@ -256,7 +259,7 @@ class ModelRunner:
 
     def _graph_body(self, bs: int, variant: str, first: bool, max_context_len: int = 0) -> torch.Tensor:
         if first:
-            return self._sample_and_check(self.first_hidden[:bs], self.first_rows[:bs], variant)
+            return self._sample_and_check(self.first_hidden[:bs], self.first_rows[:bs], variant, self.out[:, :bs])
         return self._decode_body(bs, variant, max_context_len)
 
     def capture_graphs(self, variants=(GREEDY, SAMPLE, FILTERED)) -> None:
@@ -377,7 +380,7 @@ class ModelRunner:
         bucket = next((b for b in self.graph_sizes if b >= n), None) \
             if self.use_graphs and self.first_hidden is not None else None
         if bucket is None:
-            result = self._sample_and_check(hidden, self.upload([s.row for s in seqs]), variant)
+            result = self._sample_and_check(hidden, self.upload([s.row for s in seqs]), variant, self.out[:, :n])
         else:
             graph = self._graph(bucket, variant, first=True)     # a capture overwrites rows, not first_hidden
             if t not in self.prefill_graphs:
