@@ -17,7 +17,8 @@ from torch import nn
 
 from python_backends.ar.block_manager import BlockManager
 from python_backends.ar.config import EngineConfig
-from python_backends.ar.model_runner import FINISH_LENGTH, FINISH_STOP, ModelRunner, StepHandle
+from kernels.reference import FINISH_LENGTH, FINISH_STOP
+from python_backends.ar.model_runner import ModelRunner, StepHandle
 from python_backends.ar.sampling import SamplingParams
 from python_backends.ar.scheduler import Scheduler
 from python_backends.ar.sequence import Sequence, Status

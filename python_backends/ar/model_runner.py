@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from kernels import dispatch
-from kernels.reference import FINISH_LENGTH, FINISH_NONE, FINISH_STOP  # noqa: F401 - the engine's codes
 from python_backends.ar.config import EngineConfig
 from python_backends.ar.sampling import sample
 from python_backends.ar.sequence import Sequence
@@ -171,7 +170,8 @@ class ModelRunner:
     def admit(self, seqs: list[Sequence], eos_token_ids: set[int]) -> None:
         """The new sequences' rows of device state, in one upload and a few scatters for all of them.
         (Element by element it was ~10 tiny copies a sequence, and the first scalar assignment waited
-        for the step in flight: a 64-request prefill step spent tens of ms of host time here.)"""
+        for the step in flight: ~25 ms of the engine thread per wave of 64 requests in a py-spy of a
+        server on an H200.)"""
         ints, floats = [], []
         for seq in seqs:
             p = seq.params
