@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels.reference import FINISH_LENGTH, FINISH_STOP
 from python_backends.ar.block_manager import BlockManager
 from python_backends.ar.config import EngineConfig
-from kernels.reference import FINISH_LENGTH, FINISH_STOP
 from python_backends.ar.model_runner import ModelRunner, StepHandle
 from python_backends.ar.sampling import SamplingParams
 from python_backends.ar.scheduler import Scheduler
