@@ -319,7 +319,9 @@ def _skinny(x, weight, bias, gated=False, norm=None):
     assert not (gated and norm), "one prologue at a time"
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if weight.stride(-1) != 1:
+    # a weight copied here is written by the kernel right before ours: no reading it before the wait
+    prefetch = weight.stride(-1) == 1
+    if not prefetch:
         weight = weight.contiguous()
     y = torch.empty((1, N), dtype=x.dtype, device=x.device)
     residual, norm_weight, eps, zero_centered = norm or (None, weight, 0.0, False)
@@ -330,7 +332,7 @@ def _skinny(x, weight, bias, gated=False, norm=None):
     else:
         s = x                                            # no add: the residual is the input itself
     block_n, block_k, warps = _skinny_config(N, K, gated)
-    pdl = _pdl(x)
+    pdl = _pdl(x) and prefetch
     _skinny_linear_kernel[(triton.cdiv(N, block_n),)](
         x, weight, bias if bias is not None else weight, y,
         residual if residual is not None else x, norm_weight, s, N, K, weight.stride(0), eps,
