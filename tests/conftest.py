@@ -22,6 +22,17 @@ if str(ROOT) not in sys.path:
 TINY = ROOT / "checkpoints" / "tiny"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _torch_threads_per_module():
+    """Each module starts on the process's default number of torch threads: a codec step built in
+    the test process takes one thread for the whole process (tts.chunking.bit_stable_on_cpu), and a
+    later module that compares its in-process audio with a server's (which runs on the default) then
+    differed by an LSB (tests/test_tts_chatterbox.py after tests/test_tts_orpheus.py)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints() -> dict[str, Path]:
     """name -> folder of every tiny checkpoint whose builder can run here (a GPU machine may lack the
