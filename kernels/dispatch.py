@@ -128,9 +128,11 @@ def decode_inputs(rows, position, last_token, block_tables, scratch, block_size)
 def decode_finish(tokens, rows, out_count, min_tokens, max_tokens, stop_ids, last_token, position, scratch, out,
                   advance, write_token):
     ops = _kernel(rows)
-    impl = ops.decode_finish if ops is not None else reference.decode_finish
-    impl(tokens, rows, out_count, min_tokens, max_tokens, stop_ids, last_token, position, scratch, out,
-         advance, write_token)
+    if ops is not None:
+        return ops.decode_finish(tokens, rows, out_count, min_tokens, max_tokens, stop_ids, last_token, position,
+                                 scratch, out, advance, write_token)
+    return reference.decode_finish(tokens, rows, out_count, min_tokens, max_tokens, stop_ids, last_token, position,
+                                   scratch, out, advance, write_token)
 
 
 @functools.lru_cache(maxsize=None)

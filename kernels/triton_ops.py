@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import reference
+
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 # --------------------------------------------------------------------------------------------------
@@ -47,7 +49,8 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 # turn. A kernel launched so must not touch any other tensor before that wait; kernels without it
 # are launched the ordinary way. It holds inside CUDA graphs too (captured as programmatic edges).
 
-PDL = os.environ.get("TRITON_OMNI_PDL", "1") != "0"
+# (the interpreter, chosen before triton is imported, runs no launch attributes)
+PDL = os.environ.get("TRITON_OMNI_PDL", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,7 +60,7 @@ def _pdl_device(device: torch.device) -> bool:
 
 def _pdl(x: torch.Tensor) -> bool:
     """Whether kernels on x's device are launched with PDL."""
-    return PDL and x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1" and _pdl_device(x.device)
+    return PDL and x.is_cuda and _pdl_device(x.device)
 
 
 @triton.jit
@@ -839,6 +842,11 @@ def decode_inputs(rows, position, last_token, block_tables, scratch, block_size)
     return pos, slots, ctx, tables, tokens
 
 
+_FINISH_NONE = tl.constexpr(reference.FINISH_NONE)
+_FINISH_STOP = tl.constexpr(reference.FINISH_STOP)
+_FINISH_LENGTH = tl.constexpr(reference.FINISH_LENGTH)
+
+
 @triton.jit
 def _decode_finish_kernel(tokens_ptr, rows_ptr, out_count_ptr, min_tokens_ptr, max_tokens_ptr, stop_ids_ptr,
                           last_token_ptr, position_ptr, out_ptr, stride_tok, stride_stop, stride_out, code_row,
@@ -853,7 +861,7 @@ def _decode_finish_kernel(tokens_ptr, rows_ptr, out_count_ptr, min_tokens_ptr, m
     stops = tl.load(stop_ids_ptr + r * stride_stop + s, mask=s < num_stop, other=-1)
     hit = tl.max((stops == token).to(tl.int32), axis=0) > 0
     stop = hit & (count > tl.load(min_tokens_ptr + r))
-    code = tl.where(stop, 1, tl.where(count >= tl.load(max_tokens_ptr + r), 2, 0))   # FINISH_STOP / _LENGTH
+    code = tl.where(stop, _FINISH_STOP, tl.where(count >= tl.load(max_tokens_ptr + r), _FINISH_LENGTH, _FINISH_NONE))
     tl.store(last_token_ptr + r, token)
     tl.store(out_count_ptr + r, count)
     if ADVANCE:
@@ -887,9 +895,10 @@ def decode_finish(tokens, rows, out_count, min_tokens, max_tokens, stop_ids, las
 # torch's argmax over a 152K-token vocabulary is a reduction kernel with two memsets before it (~10 us
 # a decode step on an H200; with this kernel Qwen3-0.6B at c=1 went 0.829 -> 0.821 ms a token in an
 # A/B run). Here program (row, chunk) finds its chunk's maximum and first index of it, and the last
-# of a row's programs to finish (counted with an atomic on a per-row counter) combines them: the smallest index among the chunks that hold the row's maximum. Every program's stores come
-# before its count (a CTA barrier, then the count's release); the last one reads them after its
-# acquire, from the L2 (.cg: this SM's L1 is not kept coherent with other SMs' stores).
+# of a row's programs to finish (counted with an atomic on a per-row counter) combines them: the
+# smallest index among the chunks that hold the row's maximum. Every program's stores come before
+# its count (a CTA barrier, then the count's release); the last one reads them after its acquire,
+# from the L2 (.cg: this SM's L1 is not kept coherent with other SMs' stores).
 
 @triton.jit
 def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, out_ptr, counter_ptr, V, stride_x,

@@ -282,7 +282,8 @@ def test_interrupted_stream_stops_decoding(server, sdk):
             break
         assert time.monotonic() < deadline, "decoding went on after the client hung up"
     # ignore_eos: sampled, the tiny model's EOS (2 of 512 tokens) ended this answer at 3 tokens in one CI run
-    r = sdk.chat.completions.create(model="qwen3_chat", messages=MESSAGES, max_tokens=4, extra_body={"ignore_eos": True})
+    r = sdk.chat.completions.create(model="qwen3_chat", messages=MESSAGES, max_tokens=4,
+                                    extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 4
 
 

@@ -172,6 +172,8 @@ class ModelRunner:
         (Element by element it was ~10 tiny copies a sequence, and the first scalar assignment waited
         for the step in flight: ~25 ms of the engine thread per wave of 64 requests in a py-spy of a
         server on an H200.)"""
+        # one row per sequence: these scalars, in this order, then its stop ids, then its block table
+        scalars = (self.position, self.out_count, self.max_tokens, self.min_tokens, self.top_k, self.seeds)
         ints, floats = [], []
         for seq in seqs:
             p = seq.params
@@ -183,11 +185,11 @@ class ModelRunner:
             floats.append([p.temperature, p.top_p])
         rows = self.upload([seq.row for seq in seqs])
         ints, floats = self.upload(ints), self.upload(floats, torch.float32)
-        for i, state in enumerate((self.position, self.out_count, self.max_tokens, self.min_tokens, self.top_k,
-                                   self.seeds)):
+        for i, state in enumerate(scalars):
             state[rows] = ints[:, i]
-        self.stop_ids[rows] = ints[:, 6:6 + MAX_STOP_IDS]
-        self.block_tables[rows] = ints[:, 6 + MAX_STOP_IDS:].int()
+        stop_start = len(scalars)
+        self.stop_ids[rows] = ints[:, stop_start:stop_start + MAX_STOP_IDS]
+        self.block_tables[rows] = ints[:, stop_start + MAX_STOP_IDS:].int()
         self.temperature[rows] = floats[:, 0]
         self.top_p[rows] = floats[:, 1]
         if self.frame_model:
