@@ -195,8 +195,15 @@ def random_text(rng, n):
 
 
 def bench_server(name, folder, args, target):
-    """Our Python gRPC client (ChatClient), one thread and stream per request: TTFT and TPOT per request."""
+    """gRPC streaming against the live server: TTFT and TPOT per request, from the first send.
+    `--client stream` (default): one client and one gRPC stream carry all c requests, the responses
+    told apart by request id, as the in-process run adds all c prompts from one thread.
+    `--client threads`: our ChatClient, one thread, client and stream per request."""
+    import tritonclient.grpc as grpcclient
+
     from client import ChatClient
+    from client.tensors import make_inputs
+    from client.triton import host_port
 
     server, setup_s = start_server(name, folder, args, target)
     rng = random.Random(0)
@@ -211,20 +218,64 @@ def bench_server(name, folder, args, target):
         assert tokens == args.output_len, tokens
         return {"ttft": stamps[0] - t0, "tpot": (stamps[-1] - stamps[0]) / (args.output_len - 1)}
 
-    def run(c):
-        texts = [random_text(rng, args.prompt_len) for _ in range(c)]
-        results = [None] * c
+    def run_threads(texts):
+        results = [None] * len(texts)
         t0 = time.perf_counter()
 
         def worker(i):
             results[i] = one(texts[i], t0)
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(c)]
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(texts))]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
         return time.perf_counter() - t0, results
+
+    def run_stream(texts):
+        c = len(texts)
+        stamps, tokens, errors = [[] for _ in range(c)], [0] * c, []
+        left, done = [c], threading.Event()
+
+        def on_response(result, error):
+            now = time.perf_counter()
+            if error is not None:
+                errors.append(error)
+                done.set()
+                return
+            response = result.get_response()
+            i = int(response.id)
+            if any(o.name == "completion_tokens" for o in response.outputs):
+                n = int(result.as_numpy("completion_tokens")[0])
+                if n > tokens[i]:
+                    stamps[i].append(now)
+                    tokens[i] = n
+            params = response.parameters
+            if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
+
+        requests = [make_inputs(grpcclient, {"text_input": (t, "BYTES"), "sampling_parameters": (sampling, "BYTES"),
+                                             "stream": (True, "BOOL")}) for t in texts]
+        client = grpcclient.InferenceServerClient(host_port(server.grpc_url))
+        client.start_stream(callback=on_response)
+        try:
+            t0 = time.perf_counter()
+            for i, inputs in enumerate(requests):
+                client.async_stream_infer(args.server_model, inputs, request_id=str(i), enable_empty_final_response=True)
+            assert done.wait(600), "server run did not finish"
+            wall = time.perf_counter() - t0
+        finally:
+            client.stop_stream()
+            client.close()
+        assert not errors, errors[0]
+        assert tokens == [args.output_len] * c, tokens
+        return wall, [{"ttft": s[0] - t0, "tpot": (s[-1] - s[0]) / (args.output_len - 1)} for s in stamps]
+
+    def run(c):
+        texts = [random_text(rng, args.prompt_len) for _ in range(c)]
+        return (run_stream if args.client == "stream" else run_threads)(texts)
 
     try:
         run(1)
@@ -232,7 +283,8 @@ def bench_server(name, folder, args, target):
         rows = []
         for c in args.concurrency:
             wall, per = run(c)
-            mode = "ours via tritonserver" + ("" if args.server_model == "qwen3_chat" else f" ({args.server_model})")
+            mode = "ours via tritonserver" + ("" if args.server_model == "qwen3_chat" else f" ({args.server_model})") \
+                + ("" if args.client == "stream" else " (a client per request)")
             rows.append(summarize(mode, name, c, wall, per, args.output_len))
             print(json.dumps(rows[-1]), flush=True)
         rows[0]["setup_s"] = setup_s
@@ -440,6 +492,8 @@ def main() -> int:
                     help="an extra tritonserver argument for the server modes, e.g. --server-arg=--trace-config=rate=1")
     ap.add_argument("--server-model", default="qwen3_chat",
                     help="the model the server mode's clients call (qwen3_chat_ensemble: the ensemble without its front)")
+    ap.add_argument("--client", default="stream", choices=["stream", "threads"],
+                    help="server mode: one gRPC stream for all requests, or a client and thread per request")
     ap.add_argument("--pa-window-ms", type=int, default=10000, help="perf_analyzer's measurement window")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32, 64])
     ap.add_argument("--prompt-len", type=int, default=512)
