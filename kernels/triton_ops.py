@@ -226,6 +226,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 # then normalises each tile as it loads it; program 0 also writes x + residual, the new residual.
 # That saves the norm's launch before the q/k/v and gate/up projections.
 # Only one row: with more, cuBLAS's tensor-core kernels are as fast or faster (measured to 8 rows).
+# Tried and slower (H200, Qwen3-0.6B c=1, same run each): asking the L2 for the weights the next
+# matmuls read, with Hopper's bulk prefetch (cp.async.bulk.prefetch.L2), from a kernel of its own
+# after each q/k/v projection (0.790 -> 0.86 ms a token: one more kernel in the chain of waits), or
+# from each skinny matmul's programs before their wait, for the next matmul (0.777 -> 0.974 ms).
 
 @triton.jit
 def _skinny_input_tile(x_ptr, res_ptr, nw_ptr, kk, kmask, K, rstd,
