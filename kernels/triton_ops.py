@@ -228,7 +228,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 # Only one row: with more, cuBLAS's tensor-core kernels are as fast or faster (measured to 8 rows).
 # Tried and slower (H200, Qwen3-0.6B c=1, same run each): asking the L2 for the weights the next
 # matmuls read, with Hopper's bulk prefetch (cp.async.bulk.prefetch.L2), from a kernel of its own
-# after each q/k/v projection (0.790 -> 0.86 ms a token: one more kernel in the chain of waits), or
+# after each q/k/v projection (0.776 -> 0.847 ms a token: one more kernel in the chain of waits), or
 # from each skinny matmul's programs before their wait, for the next matmul (0.777 -> 0.974 ms).
 
 @triton.jit
@@ -615,7 +615,7 @@ def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weig
 # a second kernel combines them. (Combining them in the split that finishes last, counted with an
 # atomic, instead of a second launch was slower: H200, Qwen3-0.6B c=1, 0.785 -> 0.829 ms a token. So was
 # folding qk_norm_rope_store in, every program forming its q heads and the split holding the new token
-# writing its k/v into the caches: 0.790 -> 0.815 ms a token, same run.)
+# writing its k/v into the caches: 0.776 -> 0.800 ms a token, same run.)
 
 @triton.jit
 def _paged_decode_kernel(
