@@ -53,6 +53,13 @@ def responses(url: str, model: str, values: Values, timeout_s: float = 300.0,
     return _grpc_responses(host_port(url), model, values, timeout_s, last)
 
 
+def is_final_response(response) -> bool:
+    """Whether a streamed gRPC response (ModelInferResponse) is its request's last: Triton marks it
+    when the request asked for `enable_empty_final_response`."""
+    params = response.parameters
+    return "triton_final_response" in params and params["triton_final_response"].bool_param
+
+
 def _outputs(result, names) -> Outputs:
     return {name: result.as_numpy(name)[0] for name in names}
 
@@ -77,8 +84,7 @@ def _grpc_responses(url: str, model: str, values: Values, timeout_s: float,
                 raise error
             response = result.get_response()
             outputs = _outputs(result, [o.name for o in response.outputs])
-            params = response.parameters
-            final = "triton_final_response" in params and params["triton_final_response"].bool_param
+            final = is_final_response(response)
             done = final or bool(outputs and last and last(outputs))
             finished = finished or done
             if outputs:

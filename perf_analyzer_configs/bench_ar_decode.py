@@ -203,7 +203,7 @@ def bench_server(name, folder, args, target):
 
     from client import ChatClient
     from client.tensors import make_inputs
-    from client.triton import host_port
+    from client.triton import host_port, is_final_response
 
     server, setup_s = start_server(name, folder, args, target)
     rng = random.Random(0)
@@ -250,8 +250,7 @@ def bench_server(name, folder, args, target):
                 if n > tokens[i]:
                     stamps[i].append(now)
                     tokens[i] = n
-            params = response.parameters
-            if "triton_final_response" in params and params["triton_final_response"].bool_param:
+            if is_final_response(response):
                 left[0] -= 1
                 if left[0] == 0:
                     done.set()

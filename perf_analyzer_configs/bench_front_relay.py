@@ -133,6 +133,8 @@ def measure(url: str, model: str, args) -> dict:
     import numpy as np
     import tritonclient.grpc as grpcclient
 
+    from client.triton import is_final_response
+
     client = grpcclient.InferenceServerClient(url)
     counts, lock, finished = {"tokens": 0, "responses": 0, "errors": 0}, threading.Lock(), queue.SimpleQueue()
 
@@ -146,8 +148,7 @@ def measure(url: str, model: str, args) -> dict:
         with lock:
             counts["tokens"] += 0 if out is None else out.shape[0]
             counts["responses"] += out is not None
-        final = result.get_response().parameters.get("triton_final_response")
-        if final is not None and final.bool_param:
+        if is_final_response(result.get_response()):
             finished.put(1)
 
     client.start_stream(callback=on_response)

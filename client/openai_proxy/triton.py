@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from client.openai_proxy.errors import ProxyError, from_triton
 from client.tensors import make_inputs
-from client.triton import host_port
+from client.triton import host_port, is_final_response
 
 Outputs = dict[str, np.ndarray]
 POLL_S = 0.2            # how often a waiting request checks that its client is still there
@@ -89,8 +89,7 @@ class TritonGateway:
                     raise from_triton(error, param_of)
                 response = result.get_response()
                 outputs = {o.name: result.as_numpy(o.name)[0] for o in response.outputs}
-                params = response.parameters
-                finished = "triton_final_response" in params and params["triton_final_response"].bool_param
+                finished = is_final_response(response)
                 if outputs:
                     yield outputs
                 if finished:
