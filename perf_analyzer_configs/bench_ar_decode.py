@@ -14,6 +14,7 @@ import argparse
 import datetime
 import gc
 import json
+import os
 import platform
 import random
 import statistics
@@ -92,6 +93,16 @@ def summarize(kind, name, c, wall, per_request, output_len):
             "tpot_ms_p90": 1e3 * percentile(tpot, 0.9)}
 
 
+def mark_wave(mode, c, t0_unix, wall, per):
+    """With TRITON_OMNI_ENGINE_TRACE=FILE set (the engine's step trace), each wave's start and its
+    requests' TTFTs go to FILE.waves, for perf_analyzer_configs/engine_trace.py to line them up."""
+    path = os.environ.get("TRITON_OMNI_ENGINE_TRACE")
+    if path:
+        with open(path + ".waves", "a") as f:
+            f.write(json.dumps({"mode": mode, "concurrency": c, "t0": t0_unix, "wall_s": wall,
+                                "ttft_ms": sorted(1e3 * r["ttft"] for r in per)}) + "\n")
+
+
 def prompts(c, prompt_len, vocab, seed=0):
     rng = random.Random(seed)
     return [[rng.randrange(256, vocab - 1000) for _ in range(prompt_len)] for _ in range(c)]
@@ -126,13 +137,14 @@ def bench_inprocess(name, folder, args, device):
                 if finished[0] == c:
                     done.set()
 
-        t0 = time.perf_counter()
+        t0, t0_unix = time.perf_counter(), time.time()
         for p in prompts(c, args.prompt_len, vocab, seed):
             engine.add(p, sp, on_output)
         assert done.wait(600), "in-process run did not finish"
         wall = time.perf_counter() - t0
         per = [{"ttft": s[0] - t0, "tpot": (s[-1] - s[0]) / max(len(s) - 1, 1)} for s in stamps.values()]
         assert all(len(s) == args.output_len for s in stamps.values())
+        mark_wave("inprocess", c, t0_unix, wall, per)
         return wall, per
 
     run(1, 99)                                  # warm-up: kernels compiled, graphs replayed once
@@ -260,7 +272,7 @@ def bench_server(name, folder, args, target):
         client = grpcclient.InferenceServerClient(host_port(server.grpc_url))
         client.start_stream(callback=on_response)
         try:
-            t0 = time.perf_counter()
+            t0, t0_unix = time.perf_counter(), time.time()
             for i, inputs in enumerate(requests):
                 client.async_stream_infer(args.server_model, inputs, request_id=str(i), enable_empty_final_response=True)
             assert done.wait(600), "server run did not finish"
@@ -270,7 +282,9 @@ def bench_server(name, folder, args, target):
             client.close()
         assert not errors, errors[0]
         assert tokens == [args.output_len] * c, tokens
-        return wall, [{"ttft": s[0] - t0, "tpot": (s[-1] - s[0]) / (args.output_len - 1)} for s in stamps]
+        per = [{"ttft": s[0] - t0, "tpot": (s[-1] - s[0]) / (args.output_len - 1)} for s in stamps]
+        mark_wave("server", c, t0_unix, wall, per)
+        return wall, per
 
     def run(c):
         texts = [random_text(rng, args.prompt_len) for _ in range(c)]

@@ -207,3 +207,29 @@ def test_auto_stream_interval_sends_the_first_tokens_at_once_then_groups_by_load
                     ([2, 3, 4, 5, 6, 7, 8, 9, 10], 4, False),         # 4 tokens of context + 5 new
                     ([7, 8, 9, 10, 11, 12], 4, True)]                 # the rest, final
     assert r not in step.live
+
+
+def test_step_trace_records_each_step(folder, tmp_path, monkeypatch):
+    import json
+    import threading
+
+    from python_backends.ar.engine import EngineThread
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("TRITON_OMNI_ENGINE_TRACE", str(path))
+    engine = make_engine(folder)
+    loop = EngineThread(engine)
+    finished = threading.Semaphore(0)
+    seqs = [engine.add(p, SamplingParams(max_tokens=4, ignore_eos=True), lambda s, n, r: r and finished.release())
+            for p in PROMPTS[:2]]
+    assert finished.acquire(timeout=60) and finished.acquire(timeout=60)
+    loop.stop()
+    steps = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(len(s.output_ids) == 4 for s in seqs)
+    prefills = [s for s in steps if s["kind"] == "prefill"]
+    assert sum(s["rows"] for s in prefills) == 2
+    assert sum(s["tokens"] for s in prefills) == len(PROMPTS[0]) + len(PROMPTS[1])
+    assert sorted(a for s in steps for a in s["arrivals"]) == sorted(s.arrival for s in seqs)
+    # 4 tokens each: the first from prefill, 3 decode steps (fewer if a prefill held one of them back)
+    assert 3 <= sum(s["kind"] == "decode" for s in steps) <= 6
+    assert all(s["launch_ms"] >= 0 and s["collect_ms"] >= 0 for s in steps)

@@ -94,3 +94,23 @@ def test_perf_analyzer_measures_qwen3_5_chat(server, tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     rows = json.loads((tmp_path / "perf_analyzer.json").read_text())["rows"]
     assert [r["model"] for r in rows] == ["qwen3_5_chat"] and rows[0]["throughput_per_s"] > 0
+
+
+def test_engine_trace_summary_lines_up_steps_with_waves():
+    from perf_analyzer_configs.engine_trace import summarize_wave
+
+    t0 = 1000.0
+    step = lambda dt, kind, rows, tokens=0, arrivals=(): {  # noqa: E731
+        "t": t0 + dt, "arrivals": [t0 + a for a in arrivals], "kind": kind, "rows": rows, "tokens": tokens,
+        "launch_ms": 0.5, "collect_ms": 1.0}
+    steps = [step(-5.0, "decode", 3),                                # before the wave: not counted
+             step(0.002, "prefill", 1, 512, [0.001]),
+             step(0.004, "decode", 1),
+             step(0.006, "prefill", 2, 1024, [0.003, 0.005]),
+             *[step(0.008 + 0.002 * i, "decode", 3) for i in range(5)]]
+    wave = {"mode": "server", "concurrency": 3, "t0": t0, "wall_s": 0.02, "ttft_ms": [4.0, 8.0, 9.0]}
+    text = summarize_wave(wave, steps)
+    assert "TTFT min/p50/max 4.0 / 8.0 / 9.0 ms" in text
+    assert "3 arrivals at the engine from 1.0 to 5.0 ms" in text
+    assert "prefill at     6.0 ms:   2 prompts,   1024 tokens" in text
+    assert "decode steps: 1 before the last prefill, 5 after (first at 8.0 ms, step-to-step p50 2.000 ms" in text

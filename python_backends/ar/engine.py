@@ -8,8 +8,11 @@ and each new "token" is a frame, a list of N codes.
 """
 from __future__ import annotations
 
+import json
+import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +26,28 @@ from python_backends.ar.sampling import SamplingParams
 from python_backends.ar.scheduler import Scheduler
 from python_backends.ar.sequence import Sequence, Status
 from python_backends.runtime.errors import InvalidInput
+
+
+class StepTrace:
+    """The engine loop's timeline, for profiling (TRITON_OMNI_ENGINE_TRACE=FILE in the environment of
+    the process that runs the engine, e.g. tritonserver's): a JSON line per step with its wall-clock
+    start `t` (s), the arrival times of the requests it took from the inbox, its kind, rows and prompt
+    tokens, and the host time to launch it and to collect the step before it (which waits for the
+    GPU). Lines are written when the loop goes idle or stops."""
+
+    def __init__(self, path: str):
+        self.path, self.lines = path, []
+
+    def step(self, t: float, arrivals: list[float], kind: str, rows: int, tokens: int, launched: float) -> None:
+        now = time.time()
+        self.lines.append(json.dumps({"t": t, "arrivals": arrivals, "kind": kind, "rows": rows, "tokens": tokens,
+                                      "launch_ms": 1e3 * (launched - t), "collect_ms": 1e3 * (now - launched)}))
+
+    def flush(self) -> None:
+        if self.lines:
+            with open(self.path, "a") as f:
+                f.write("\n".join(self.lines) + "\n")
+            self.lines = []
 
 
 @dataclass
@@ -53,6 +78,8 @@ class LLMEngine:
         self._wake = threading.Event()
         self._by_id: dict[int, Sequence] = {}
         self.in_flight: StepHandle | None = None
+        trace = os.environ.get("TRITON_OMNI_ENGINE_TRACE")
+        self.trace = StepTrace(trace) if trace else None
 
     # -- called from any thread ---------------------------------------------------------------
     def add(self, prompt_ids, params: SamplingParams, on_output=None) -> Sequence:
@@ -64,6 +91,7 @@ class LLMEngine:
             if any(not 0 <= t < self.vocab_size for t in prompt_ids):
                 raise InvalidInput("input_ids", f"token ids must be in [0, {self.vocab_size})")
             seq = Sequence(list(prompt_ids), params, on_output)
+        seq.arrival = time.time()
         seq.params = params.resolve(seq.prompt_len, self.config.max_model_len, self.vocab_size)
         self._inbox.put(("add", seq))
         self._wake.set()
@@ -77,13 +105,16 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or not self._inbox.empty() or self.in_flight is not None
 
-    def _drain_inbox(self) -> None:
+    def _drain_inbox(self) -> list[float]:
+        """Take the posted adds and aborts; returns the added requests' arrival times."""
+        arrivals = []
         while True:
             try:
                 op, seq = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                return arrivals
             if op == "add":
+                arrivals.append(seq.arrival)
                 self._by_id[seq.seq_id] = seq
                 self.scheduler.add(seq)
             elif seq.seq_id in self._by_id:
@@ -102,7 +133,8 @@ class LLMEngine:
     def step(self) -> list[tuple[Sequence, list[int], str | None]]:
         """Launch the next step, then collect the previous one's results while the device works.
         A sequence that ends on a stop token is thus decoded once more; that token is dropped."""
-        self._drain_inbox()
+        t = time.time()
+        arrivals = self._drain_inbox()
         batch = self.scheduler.schedule()
         launched = None
         if batch is not None:
@@ -119,7 +151,13 @@ class LLMEngine:
             for seq in batch.seqs:
                 seq.num_launched += 1
         previous, self.in_flight = self.in_flight, launched
-        return self._collect(previous) if previous is not None else []
+        launched_at = time.time()
+        outputs = self._collect(previous) if previous is not None else []
+        if self.trace is not None:
+            kind = "idle" if batch is None else "prefill" if batch.is_prefill else "decode"
+            self.trace.step(t, arrivals, kind, len(batch.seqs) if batch else 0,
+                            sum(s.prompt_len for s in batch.seqs) if batch and batch.is_prefill else 0, launched_at)
+        return outputs
 
     def _collect(self, handle: StepHandle) -> list[tuple[Sequence, list[int], str | None]]:
         tokens, codes = handle.result()
@@ -166,6 +204,8 @@ class EngineThread:
         eng = self.engine
         while not self._stop:
             if not eng.has_work():
+                if eng.trace is not None:
+                    eng.trace.flush()
                 eng._wake.wait(timeout=0.5)
                 eng._wake.clear()
                 continue
@@ -178,6 +218,8 @@ class EngineThread:
                 for seq in list(eng.scheduler.running) + list(eng.scheduler.waiting):
                     eng._finish(seq, "error")
                     eng._emit(seq, [], "error")
+        if eng.trace is not None:
+            eng.trace.flush()
 
     def stop(self) -> None:
         self._stop = True

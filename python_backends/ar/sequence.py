@@ -33,6 +33,7 @@ class Sequence:
     # a frame model's own prompt (e.g. a TTS talker's embeddings) instead of prompt_ids: anything with a
     # len() (its number of positions), handed to the model's `admit_row` / `prefill_embeds` as is
     prompt: Any = None
+    arrival: float = 0.0                     # wall-clock time of engine.add (for the engine's trace)
 
     @property
     def prompt_len(self) -> int:
