@@ -5,7 +5,8 @@ engine, runs a "step" every --step-ms and sends one token (a 1-element INT32 `OU
 stream; `toy_post`, a pass-through step after it (as the detokenizer); `toy_ens`, the ensemble; and
 `toy_front`, the front (python_backends/runtime/front.py, or the class named by --front, e.g. a
 variant under test). Clients keep --concurrency gRPC streams of --tokens tokens busy for --seconds
-and count tokens received (a front that merges responses sends several per response).
+and count tokens received (a front that merges responses sends several per response), after a
+warm-up that lasts until the first request has ended.
 
     python perf_analyzer_configs/bench_front_relay.py                       # toy_ens and toy_front
     python perf_analyzer_configs/bench_front_relay.py --front-path DIR --front mymodule:MyFront --models toy_front
@@ -161,18 +162,27 @@ def measure(url: str, model: str, args) -> dict:
         sent += 1
         client.async_stream_infer(model, [tokens], request_id=str(sent), enable_empty_final_response=True)
 
+    def snapshot():
+        with lock:
+            return time.monotonic(), counts["tokens"], counts["responses"], counts["errors"]
+
     for _ in range(args.concurrency):
         send()
-    start, warm = time.monotonic(), None
-    while time.monotonic() - start < args.seconds:
+    # warm-up: until the first request has ended and at least a second has passed; the window then
+    # runs from a request's end until the first end after --seconds, so a run shorter than one
+    # request (64 streams of 256 tokens on two cores take seconds) still measures whole requests
+    start = time.monotonic()
+    while True:
         finished.get()
         send()
-        if warm is None and time.monotonic() - start > 1.0:      # the first second is warm-up
-            with lock:
-                warm = (time.monotonic(), counts["tokens"], counts["responses"])
-    with lock:
-        end = (time.monotonic(), counts["tokens"], counts["responses"])
-        errors = counts["errors"]                 # stopping the stream below cancels what is in flight
+        if time.monotonic() - start > 1.0:
+            break
+    warm = snapshot()
+    while time.monotonic() - warm[0] < args.seconds:
+        finished.get()
+        send()
+    end = snapshot()
+    errors = end[3]                            # stopping the stream below cancels what is in flight
     client.stop_stream(cancel_requests=True)
     client.close()
     span = end[0] - warm[0]
