@@ -215,3 +215,39 @@ def test_multimodal_checkpoint_layout(pair, tmp_path):
     ends = torch.tensor([len(s) for s in seqs]).cumsum(0) - 1
     ref = torch.stack([hf_logits(hf, s)[-1] for s in seqs])
     torch.testing.assert_close(logits[ends], ref, atol=1e-4, rtol=1e-4)
+
+
+def recurrent_delta_rule(q, k, v, g, beta):
+    """The gated delta rule token by token (fp64): S_t = a_t S + k_t u_t^T, u_t = beta_t (v_t - a_t S^T k_t)."""
+    state = torch.zeros(k.shape[1], k.shape[2], v.shape[2], dtype=torch.float64)
+    out = []
+    for t in range(q.shape[0]):
+        state = g[t].exp()[:, None, None] * state
+        u = beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", state, k[t]))
+        state = state + k[t][:, :, None] * u[:, None, :]
+        out.append(torch.einsum("hkv,hk->hv", state, q[t]))
+    return torch.stack(out), state
+
+
+@pytest.mark.parametrize("lens", [[150, 1, 64, 65, 7, 128, 150], [3], [64, 64]])
+def test_chunked_delta_rule_equals_the_recurrence(lens):
+    """Packed sequences of unequal lengths: some end while others run on (the scan's running set
+    shrinks), chunks cut mid-sequence and at its end, a one-token sequence."""
+    from python_backends.models.qwen3_5 import ChunkLayout, _l2norm, chunk_gated_delta_rule
+
+    gen = torch.Generator().manual_seed(0)
+    T, H, dk, dv = sum(lens), 3, 16, 8
+    q = _l2norm(torch.randn(T, H, dk, generator=gen)) * dk ** -0.5
+    k = _l2norm(torch.randn(T, H, dk, generator=gen))
+    v = torch.randn(T, H, dv, generator=gen)
+    g = -0.5 * torch.rand(T, H, generator=gen)
+    beta = torch.rand(T, H, generator=gen)
+    layout = ChunkLayout.build(lens, 64, "cpu")
+    assert layout.active[0] == len(lens) and sum(layout.active) * 64 == len(layout.gather)
+    out, states = chunk_gated_delta_rule(q, k, v, g, beta, layout, 64)
+    start = 0
+    for i, n in enumerate(lens):
+        ref_out, ref_state = recurrent_delta_rule(*(x[start:start + n].double() for x in (q, k, v, g, beta)))
+        torch.testing.assert_close(out[start:start + n].double(), ref_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(states[i].double(), ref_state, atol=1e-5, rtol=1e-5)
+        start += n

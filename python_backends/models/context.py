@@ -6,7 +6,7 @@ engine keeps the tensors of a decode context as static buffers and refills them 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,9 @@ class ForwardContext:
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
     context_lens: torch.Tensor | None = None  # [B] int32, including the token being decoded
     max_context_len: int = 0              # host bound used by the torch reference path
+    # what a model derives from the host fields once per forward and every layer reuses (e.g. the
+    # delta rule's chunk layout, uploaded once rather than once per layer)
+    memo: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

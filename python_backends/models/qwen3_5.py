@@ -14,6 +14,8 @@ All RMSNorms but the DeltaNet output norm are zero-centred (scale by 1 + weight)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,44 +25,103 @@ from python_backends.models.attention import PagedAttention
 from python_backends.models.context import ForwardContext, RecurrentStateSpec
 from python_backends.models.decoder import PACKED, CausalLM, DecoderLayer, DecoderModel
 from python_backends.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding
+from python_backends.runtime.device import upload
+
+CHUNK = 64          # tokens per chunk of the delta rule's prefill (as the reference implementations)
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def chunk_gated_delta_rule(q, k, v, g, beta, state, chunk_size: int = 64):
-    """The delta rule over whole sequences, `chunk_size` tokens at a time (all fp32).
+@dataclass
+class ChunkLayout:
+    """Where packed tokens go for the chunked delta rule: sequences sorted longest first (stable),
+    their chunks of `chunk_size` tokens listed step by step: chunk 0 of every sequence, then chunk 1
+    of those that have one, and so on. So the sequences still running at step m are the first
+    active[m] in that order and their chunks are consecutive, with no empty chunk anywhere."""
+    gather: torch.Tensor          # [N * chunk_size]: each chunk slot's packed token, T for a slot past its sequence's end
+    scatter: torch.Tensor         # [T]: each packed token's chunk slot
+    unsort: torch.Tensor          # [S]: each sequence's place in the longest-first order
+    active: list[int]             # per step, sequences with a chunk at it (host)
 
-    q, k: [..., H, L, dk]; v: [..., H, L, dv]; g (log decay), beta: [..., H, L]; state: [..., H, dk, dv],
-    the state before the first token (leading dims: sequences of the same length, run together).
-    Returns (outputs [..., H, L, dv], state after the last token).
+    @classmethod
+    def build(cls, seq_lens: list[int], chunk_size: int, device) -> "ChunkLayout":
+        starts = [sum(seq_lens[:i]) for i in range(len(seq_lens))]
+        order = sorted(range(len(seq_lens)), key=lambda i: -seq_lens[i])
+        chunks = [-(-n // chunk_size) for n in seq_lens]
+        active = [sum(chunks[i] > m for i in order) for m in range(max(chunks))]
+        T, gather = sum(seq_lens), []
+        for m, a in enumerate(active):
+            for i in order[:a]:
+                first = m * chunk_size
+                gather += [starts[i] + p if p < seq_lens[i] else T for p in range(first, first + chunk_size)]
+        gather = torch.tensor(gather)
+        scatter = torch.empty(T, dtype=torch.long)
+        real = gather < T
+        scatter[gather[real]] = torch.arange(len(gather))[real]
+        unsort = torch.empty(len(order), dtype=torch.long)
+        unsort[torch.tensor(order)] = torch.arange(len(order))
+        return cls(upload(gather, device), upload(scatter, device), upload(unsort, device), active)
 
-    Within a chunk, with G_t = g_1 + ... + g_t (so Gamma_t = exp(G_t) is the decay since the chunk
-    start) and S the state before the chunk, the recurrence unrolls to
+
+def chunk_gated_delta_rule(q, k, v, g, beta, layout: ChunkLayout, chunk_size: int = CHUNK):
+    """The delta rule over packed sequences that each start from an empty state (all fp32).
+
+    q, k: [T, H, dk]; v: [T, H, dv]; g (log decay), beta: [T, H]; `layout`: the packed sequences'
+    ChunkLayout for `chunk_size`. Returns (outputs [T, H, dv], each sequence's state after its last
+    token [S, H, dk, dv]).
+
+    Slots past a sequence's end hold zeros, which leave the state as it is (k = 0, beta = 0, no
+    decay). Within a chunk, with G_t = g_1 + ... + g_t (Gamma_t = exp(G_t): the decay since the
+    chunk start) and S the state before it, the recurrence unrolls to
         (I + A) U = beta V - beta Gamma K S,   A[t, s] = beta_t (k_t . k_s) Gamma_t / Gamma_s  (s < t)
         O = (Gamma Q) S + (Q K^T * D) U,      D[t, s] = Gamma_t / Gamma_s                     (s <= t)
         S' = Gamma_n S + (K * Gamma_n / Gamma)^T U
-    so each chunk costs a few matmuls and one unit-lower-triangular solve instead of n steps.
+    All that does not depend on S is computed for every chunk at once: U = Wv - Wk S with
+    (I + A) [Wv | Wk] = [beta V | beta Gamma K] (one triangular solve), and O = O0 + E S with
+    O0 = (Q K^T * D) Wv, E = Gamma Q - (Q K^T * D) Wk. What is left is a scan over the chunk index,
+    all running sequences at once: four batched products per step, whatever the number of sequences.
     """
-    length = q.shape[-2]
-    out = torch.empty_like(v)
-    for start in range(0, length, chunk_size):
-        end = min(start + chunk_size, length)
-        qc, kc, vc = q[..., start:end, :], k[..., start:end, :], v[..., start:end, :]
-        bc = beta[..., start:end, None]
-        G = g[..., start:end].cumsum(-1)                                     # [..., H, n]
-        n = end - start
-        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        # decay between token s and token t; masked before exp so the upper triangle cannot overflow
-        D = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-        A = (bc * kc) @ kc.transpose(-1, -2) * D      # only its strict lower triangle is read below
-        rhs = bc * vc - (bc * G.exp()[..., None] * kc) @ state
-        U = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
-        out[..., start:end, :] = (qc * G.exp()[..., None]) @ state + (qc @ kc.transpose(-1, -2) * D) @ U
-        last = G[..., -1:]                                                   # [..., H, 1]
-        state = state * last.exp()[..., None] + (kc * (last - G).exp()[..., None]).transpose(-1, -2) @ U
-    return out, state
+    T, H, dk = k.shape
+    dv, C = v.shape[-1], chunk_size
+    packed = q.new_empty(T + 1, H, 2 * dk + dv + 2)         # row T: zeros, for slots past a sequence's end
+    torch.cat([q, k, v, g[..., None], beta[..., None]], dim=-1, out=packed[:T])
+    packed[T] = 0
+    chunks = packed[layout.gather].view(-1, C, H, packed.shape[-1]).transpose(1, 2)            # [N, H, C, .]
+    del packed                                          # (a large prefill's tensors are GBs: free early)
+    qc, kc, vc, gc, bc = chunks.split([dk, dk, dv, 1, 1], dim=-1)
+    G = gc.cumsum(-2)                                                                           # [N, H, C, 1]
+    gamma = G.exp()
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    # decay between token s and token t; masked before exp so the upper triangle cannot overflow
+    D = (G - G.transpose(-1, -2)).masked_fill(~causal, float("-inf")).exp()                    # [N, H, C, C]
+    A = bc * (kc @ kc.transpose(-1, -2)) * D            # only its strict lower triangle is read
+    W = torch.linalg.solve_triangular(A, torch.cat([bc * vc, bc * gamma * kc], dim=-1), upper=False,
+                                      unitriangular=True)
+    Wv, Wk = W.split([dv, dk], dim=-1)
+    P = (qc @ kc.transpose(-1, -2)) * D
+    out = P @ Wv                                        # O0, then O: written step by step below
+    E = qc * gamma - P @ Wk                                                                     # [N, H, C, dk]
+    last = G[:, :, -1:]                                                                         # [N, H, 1, 1]
+    KG = (kc * (last - G).exp()).transpose(-1, -2)                                              # [N, H, dk, C]
+    decay = last.exp()
+    S = len(layout.unsort)
+    final = q.new_empty(S, H, dk, dv)                   # longest-first order
+    state, running, first = q.new_zeros(S * H, dk, dv), S, 0
+    for a in layout.active:
+        if a < running:                                 # sequences a..running-1 ended at the last step
+            final[a:running] = state[a * H:].view(-1, H, dk, dv)
+            state, running = state[:a * H], a
+        rows = slice(first, first + a)
+        U = torch.baddbmm(Wv[rows].reshape(a * H, C, dv), Wk[rows].reshape(a * H, C, dk), state, alpha=-1)
+        o = out[rows].view(a * H, C, dv)
+        torch.baddbmm(o, E[rows].reshape(a * H, C, dk), state, out=o)
+        state = torch.baddbmm(state * decay[rows].reshape(a * H, 1, 1), KG[rows].reshape(a * H, dk, C), U)
+        first += a
+    final[:running] = state.view(running, H, dk, dv)
+    rows = out.transpose(1, 2).reshape(-1, H, dv)                                               # slot order
+    return rows[layout.scatter], final[layout.unsort]
 
 
 class GatedRMSNorm(RMSNorm):
@@ -142,21 +203,10 @@ class Qwen3_5GatedDeltaNet(nn.Module):
         q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
         beta = b.sigmoid().float()                                             # write strength in (0, 1)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())   # log decay <= 0
-        # every prompt starts from an empty state; prompts of the same length run as one batch
-        o = torch.empty_like(v)
-        states = torch.empty(len(ctx.seq_lens), self.num_v_heads, self.head_k_dim, self.head_v_dim,
-                             dtype=torch.float32, device=projected.device)
-        starts = [0]
-        for n in ctx.seq_lens:
-            starts.append(starts[-1] + n)
-        for n in sorted(set(ctx.seq_lens)):
-            which = [i for i, m in enumerate(ctx.seq_lens) if m == n]
-            tokens = torch.cat([torch.arange(starts[i], starts[i] + n, device=projected.device) for i in which])
-            seqs = lambda t: t[tokens].view(len(which), n, *t.shape[1:]).transpose(1, 2)   # noqa: E731 [S, H, n, ...]
-            zero = q.new_zeros(len(which), self.num_v_heads, self.head_k_dim, self.head_v_dim)
-            out, state = chunk_gated_delta_rule(seqs(q), seqs(k), seqs(v), seqs(g), seqs(beta), zero)
-            o[tokens] = out.transpose(1, 2).reshape(-1, *o.shape[1:])
-            states[which] = state
+        layout = ctx.memo.get("delta_rule_chunks")
+        if layout is None:      # the same for every layer of this forward: built and uploaded once
+            layout = ctx.memo["delta_rule_chunks"] = ChunkLayout.build(ctx.seq_lens, CHUNK, q.device)
+        o, states = chunk_gated_delta_rule(q, k, v, g, beta, layout)
         self.ssm_state.index_copy_(0, ctx.state_slots, states)
         o = self.norm(o.to(projected.dtype), z)
         return self.out_proj(o.reshape(T, self.value_dim))
