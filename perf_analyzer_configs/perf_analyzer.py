@@ -63,6 +63,9 @@ class Settings:
     measurement_ms: int = 3000
     max_trials: int = 5              # perf_analyzer needs at least 3 windows to judge stability
     stability_percent: float = 10.0
+    # > 0: windows that last until this many requests have completed (perf_analyzer's count_windows),
+    # for models that take seconds a request on a small machine (a time window may then see none)
+    measurement_requests: int = 0
 
 
 def command(model: str, url: str, input_json: Path, csv_path: Path, concurrency: int, settings: Settings,
@@ -72,6 +75,8 @@ def command(model: str, url: str, input_json: Path, csv_path: Path, concurrency:
            "--concurrency-range", str(concurrency), "--measurement-interval", str(settings.measurement_ms),
            "--max-trials", str(max(3, settings.max_trials)), "--stability-percentage", f"{settings.stability_percent:g}",
            "-f", str(csv_path), "--verbose-csv"]
+    if settings.measurement_requests > 0:
+        cmd += ["--measurement-mode", "count_windows", "--measurement-request-count", str(settings.measurement_requests)]
     return cmd + (["--streaming"] if streaming else [])
 
 

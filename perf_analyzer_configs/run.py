@@ -46,7 +46,7 @@ def input_file(model: str, route: str, args, work: Path) -> Path:
 def measure(url: str, models: dict[str, str], args, work: Path) -> tuple[list[dict], dict]:
     from client.triton import is_decoupled, model_config
 
-    settings = perf_analyzer.Settings(args.measurement_ms, args.max_trials, args.stability)
+    settings = perf_analyzer.Settings(args.measurement_ms, args.max_trials, args.stability, args.measurement_requests)
     rows, commands = [], {}
     for model, route in models.items():
         streaming = is_decoupled(model_config(url, model))
@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="converter overrides for the server started here")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--measurement-ms", type=int, default=3000)
+    ap.add_argument("--measurement-requests", type=int, default=0,
+                    help="> 0: each window lasts until this many requests completed (slow models; replaces --measurement-ms)")
     ap.add_argument("--max-trials", type=int, default=5)
     ap.add_argument("--stability", type=float, default=10.0, help="perf_analyzer's --stability-percentage")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds one perf_analyzer run may take")
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             "perf_analyzer": perf_analyzer.version(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             "settings": {"concurrency": args.concurrency, "measurement_ms": args.measurement_ms,
                          "max_trials": args.max_trials, "stability_percent": args.stability,
+                         "measurement_requests": args.measurement_requests,
                          "max_tokens": args.max_tokens, "inputs": args.input}}
     with tempfile.TemporaryDirectory(prefix="perf_analyzer_") as tmp:
         work = Path(tmp)

@@ -96,6 +96,16 @@ def test_perf_analyzer_measures_qwen3_5_chat(server, tmp_path):
     assert [r["model"] for r in rows] == ["qwen3_5_chat"] and rows[0]["throughput_per_s"] > 0
 
 
+
+def test_windows_by_time_or_by_completed_requests(tmp_path):
+    args = ("m", "localhost:8001", tmp_path / "in.json", tmp_path / "out.csv", 2)
+    timed = perf_analyzer.command(*args, perf_analyzer.Settings(measurement_ms=800), streaming=True)
+    assert timed[timed.index("--measurement-interval") + 1] == "800" and "--measurement-mode" not in timed
+    assert "--streaming" in timed
+    counted = perf_analyzer.command(*args, perf_analyzer.Settings(measurement_requests=2), streaming=False)
+    assert counted[counted.index("--measurement-mode") + 1] == "count_windows"
+    assert counted[counted.index("--measurement-request-count") + 1] == "2" and "--streaming" not in counted
+
 def test_engine_trace_summary_lines_up_steps_with_waves():
     from perf_analyzer_configs.engine_trace import summarize_wave
 

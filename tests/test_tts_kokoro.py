@@ -456,7 +456,7 @@ def test_perf_analyzer_measures_kokoro(server, tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, "perf_analyzer_configs/run.py", "--url", server.grpc_url, "--models", MODEL,
-                          "--concurrency", "1", "--measurement-ms", "8000", "--max-trials", "3", "--stability", "999",
+                          "--concurrency", "1", "--measurement-requests", "2", "--max-trials", "3", "--stability", "999",
                           "--timeout", "180", "--input", "text=Hi.", "--out", str(tmp_path)], cwd=root, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
