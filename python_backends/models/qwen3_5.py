@@ -47,22 +47,21 @@ class ChunkLayout:
 
     @classmethod
     def build(cls, seq_lens: list[int], chunk_size: int, device) -> "ChunkLayout":
-        starts = [sum(seq_lens[:i]) for i in range(len(seq_lens))]
-        order = sorted(range(len(seq_lens)), key=lambda i: -seq_lens[i])
-        chunks = [-(-n // chunk_size) for n in seq_lens]
-        active = [sum(chunks[i] > m for i in order) for m in range(max(chunks))]
-        T, gather = sum(seq_lens), []
-        for m, a in enumerate(active):
-            for i in order[:a]:
-                first = m * chunk_size
-                gather += [starts[i] + p if p < seq_lens[i] else T for p in range(first, first + chunk_size)]
-        gather = torch.tensor(gather)
+        lens = torch.tensor(seq_lens)
+        order = torch.sort(lens, descending=True, stable=True).indices
+        chunks = -(-lens[order] // chunk_size)                                   # per sequence, longest first
+        has = chunks[None, :] > torch.arange(int(chunks[0]))[:, None]            # [step, sequence]
+        step, j = has.nonzero(as_tuple=True)                                     # step by step, longest first
+        seq = order[j]
+        pos = step[:, None] * chunk_size + torch.arange(chunk_size)              # [N, C] position in its sequence
+        real = pos < lens[seq][:, None]
+        T = int(lens.sum())
+        gather = torch.where(real, (lens.cumsum(0) - lens)[seq][:, None] + pos, T).flatten()
         scatter = torch.empty(T, dtype=torch.long)
-        real = gather < T
-        scatter[gather[real]] = torch.arange(len(gather))[real]
-        unsort = torch.empty(len(order), dtype=torch.long)
-        unsort[torch.tensor(order)] = torch.arange(len(order))
-        return cls(upload(gather, device), upload(scatter, device), upload(unsort, device), active)
+        scatter[gather[real.flatten()]] = torch.arange(gather.numel())[real.flatten()]
+        unsort = torch.empty_like(order)
+        unsort[order] = torch.arange(len(order))
+        return cls(upload(gather, device), upload(scatter, device), upload(unsort, device), has.sum(1).tolist())
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, layout: ChunkLayout, chunk_size: int = CHUNK):
@@ -116,7 +115,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, layout: ChunkLayout, chunk_size: in
         rows = slice(first, first + a)
         U = torch.baddbmm(Wv[rows].reshape(a * H, C, dv), Wk[rows].reshape(a * H, C, dk), state, alpha=-1)
         o = out[rows].view(a * H, C, dv)
-        torch.baddbmm(o, E[rows].reshape(a * H, C, dk), state, out=o)
+        o.baddbmm_(E[rows].reshape(a * H, C, dk), state)
         state = torch.baddbmm(state * decay[rows].reshape(a * H, 1, 1), KG[rows].reshape(a * H, dk, C), U)
         first += a
     final[:running] = state.view(running, H, dk, dv)
