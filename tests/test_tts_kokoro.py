@@ -162,8 +162,8 @@ def test_batched_rows_keep_their_durations(folder, model):
 def test_one_row_syncs_the_host_once(folder, model):
     """On a GPU the model is launch-bound and every host sync stalls it: a row alone copies its
     inputs over and reads its frame count, nothing more (no masks, no packed LSTMs). Counted on the
-    CPU as perf_analyzer_configs/kokoro_ops.py does (where tensors would live is tracked by hand)."""
-    from perf_analyzer_configs.kokoro_ops import Residency
+    CPU as perf_analyzer_configs/op_count.py does (where tensors would live is tracked by hand)."""
+    from perf_analyzer_configs.op_count import Residency
 
     style, residency = style_for(folder, "af_heart", FOX), Residency(model)
     with residency:
