@@ -96,7 +96,9 @@ def summarize(kind, name, c, wall, per_request, output_len):
 def mark_wave(mode, c, t0_unix, wall, per):
     """With TRITON_OMNI_ENGINE_TRACE=FILE set (the engine's step trace), each wave's start and its
     requests' TTFTs go to FILE.waves, for perf_analyzer_configs/engine_trace.py to line them up."""
-    path = os.environ.get("TRITON_OMNI_ENGINE_TRACE")
+    from python_backends.ar.engine import TRACE_ENV
+
+    path = os.environ.get(TRACE_ENV)
     if path:
         with open(path + ".waves", "a") as f:
             f.write(json.dumps({"mode": mode, "concurrency": c, "t0": t0_unix, "wall_s": wall,

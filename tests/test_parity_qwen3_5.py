@@ -244,7 +244,7 @@ def test_chunked_delta_rule_equals_the_recurrence(lens):
     beta = torch.rand(T, H, generator=gen)
     layout = ChunkLayout.build(lens, 64, "cpu")
     assert layout.active[0] == len(lens) and sum(layout.active) * 64 == len(layout.gather)
-    out, states = chunk_gated_delta_rule(q, k, v, g, beta, layout, 64)
+    out, states = chunk_gated_delta_rule(q, k, v, g, beta, layout)
     start = 0
     for i, n in enumerate(lens):
         ref_out, ref_state = recurrent_delta_rule(*(x[start:start + n].double() for x in (q, k, v, g, beta)))

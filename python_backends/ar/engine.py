@@ -28,6 +28,9 @@ from python_backends.ar.sequence import Sequence, Status
 from python_backends.runtime.errors import InvalidInput
 
 
+TRACE_ENV = "TRITON_OMNI_ENGINE_TRACE"
+
+
 class StepTrace:
     """The engine loop's timeline, for profiling (TRITON_OMNI_ENGINE_TRACE=FILE in the environment of
     the process that runs the engine, e.g. tritonserver's): a JSON line per step with its wall-clock
@@ -38,10 +41,14 @@ class StepTrace:
     def __init__(self, path: str):
         self.path, self.lines = path, []
 
-    def step(self, t: float, arrivals: list[float], kind: str, rows: int, tokens: int, launched: float) -> None:
+    def step(self, t: float, arrivals: list[float], batch, launched: float) -> None:
+        """A step that started at `t` and launched `batch` (a scheduler Batch, or None) by `launched`."""
         now = time.time()
-        self.lines.append(json.dumps({"t": t, "arrivals": arrivals, "kind": kind, "rows": rows, "tokens": tokens,
-                                      "launch_ms": 1e3 * (launched - t), "collect_ms": 1e3 * (now - launched)}))
+        kind = "idle" if batch is None else "prefill" if batch.is_prefill else "decode"
+        tokens = sum(s.prompt_len for s in batch.seqs) if kind == "prefill" else 0
+        self.lines.append(json.dumps({"t": t, "arrivals": arrivals, "kind": kind, "rows": len(batch.seqs) if batch else 0,
+                                      "tokens": tokens, "launch_ms": 1e3 * (launched - t),
+                                      "collect_ms": 1e3 * (now - launched)}))
         if len(self.lines) >= 10000:        # a loop that never idles: write as it goes
             self.flush()
 
@@ -80,7 +87,7 @@ class LLMEngine:
         self._wake = threading.Event()
         self._by_id: dict[int, Sequence] = {}
         self.in_flight: StepHandle | None = None
-        trace = os.environ.get("TRITON_OMNI_ENGINE_TRACE")
+        trace = os.environ.get(TRACE_ENV)
         self.trace = StepTrace(trace) if trace else None
 
     # -- called from any thread ---------------------------------------------------------------
@@ -156,9 +163,7 @@ class LLMEngine:
         launched_at = time.time()
         outputs = self._collect(previous) if previous is not None else []
         if self.trace is not None:
-            kind = "idle" if batch is None else "prefill" if batch.is_prefill else "decode"
-            self.trace.step(t, arrivals, kind, len(batch.seqs) if batch else 0,
-                            sum(s.prompt_len for s in batch.seqs) if batch and batch.is_prefill else 0, launched_at)
+            self.trace.step(t, arrivals, batch, launched_at)
         return outputs
 
     def _collect(self, handle: StepHandle) -> list[tuple[Sequence, list[int], str | None]]:

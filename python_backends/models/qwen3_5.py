@@ -44,6 +44,7 @@ class ChunkLayout:
     scatter: torch.Tensor         # [T]: each packed token's chunk slot
     unsort: torch.Tensor          # [S]: each sequence's place in the longest-first order
     active: list[int]             # per step, sequences with a chunk at it (host)
+    chunk_size: int
 
     @classmethod
     def build(cls, seq_lens: list[int], chunk_size: int, device) -> "ChunkLayout":
@@ -57,18 +58,20 @@ class ChunkLayout:
         real = pos < lens[seq][:, None]
         T = int(lens.sum())
         gather = torch.where(real, (lens.cumsum(0) - lens)[seq][:, None] + pos, T).flatten()
+        real = real.flatten()
         scatter = torch.empty(T, dtype=torch.long)
-        scatter[gather[real.flatten()]] = torch.arange(gather.numel())[real.flatten()]
+        scatter[gather[real]] = torch.arange(gather.numel())[real]
         unsort = torch.empty_like(order)
         unsort[order] = torch.arange(len(order))
-        return cls(upload(gather, device), upload(scatter, device), upload(unsort, device), has.sum(1).tolist())
+        return cls(upload(gather, device), upload(scatter, device), upload(unsort, device), has.sum(1).tolist(),
+                   chunk_size)
 
 
-def chunk_gated_delta_rule(q, k, v, g, beta, layout: ChunkLayout, chunk_size: int = CHUNK):
+def chunk_gated_delta_rule(q, k, v, g, beta, layout: ChunkLayout):
     """The delta rule over packed sequences that each start from an empty state (all fp32).
 
     q, k: [T, H, dk]; v: [T, H, dv]; g (log decay), beta: [T, H]; `layout`: the packed sequences'
-    ChunkLayout for `chunk_size`. Returns (outputs [T, H, dv], each sequence's state after its last
+    ChunkLayout. Returns (outputs [T, H, dv], each sequence's state after its last
     token [S, H, dk, dv]).
 
     Slots past a sequence's end hold zeros, which leave the state as it is (k = 0, beta = 0, no
@@ -83,7 +86,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, layout: ChunkLayout, chunk_size: in
     all running sequences at once: four batched products per step, whatever the number of sequences.
     """
     T, H, dk = k.shape
-    dv, C = v.shape[-1], chunk_size
+    dv, C = v.shape[-1], layout.chunk_size
     packed = q.new_empty(T + 1, H, 2 * dk + dv + 2)         # row T: zeros, for slots past a sequence's end
     torch.cat([q, k, v, g[..., None], beta[..., None]], dim=-1, out=packed[:T])
     packed[T] = 0
