@@ -158,9 +158,10 @@ def bench_inprocess(name, folder, args, device):
         print(json.dumps(rows[-1]), flush=True)
     rows[0]["setup_s"] = setup_s
     rows[0]["cuda_graphs"] = engine.runner.use_graphs
-    if args.profile and torch.cuda.is_available():
+    if args.profile and (torch.cuda.is_available() or args.smoke):
         for c in sorted({1, max(args.concurrency)}):
             profile_decode(engine, sp, args, c, Path(args.out).parent / f"profile-{name}-c{c}.txt")
+            profile_prefill(engine, sp, args, c, Path(args.out).parent / f"profile-prefill-{name}-c{c}.txt")
     loop.stop()
     return rows
 
@@ -180,6 +181,36 @@ def profile_decode(engine, sp, args, c: int, path: Path) -> None:
     events = [e for e in prof.events() if e.device_type.name == "CUDA"]
     path.write_text(f"decode kernels in 50 ms of c={c} decoding: {len(events)}\n"
                     + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+
+
+def profile_prefill(engine, sp, args, c: int, path: Path) -> None:
+    """Kernels and host time from adding c prompts to their first tokens (the prefill step(s)):
+    what a request's time to first token is spent on."""
+    from torch.profiler import ProfilerActivity, profile
+
+    first, finished = threading.Semaphore(0), threading.Semaphore(0)
+
+    def on_output(seq, new, reason):
+        if new and len(seq.output_ids) == 1:
+            first.release()
+        if reason:
+            finished.release()
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for p in prompts(c, args.prompt_len, engine.vocab_size, 11):
+            engine.add(p, sp, on_output)
+        for _ in range(c):
+            first.acquire(timeout=600)
+        ttft = time.perf_counter() - t0
+    for _ in range(c):
+        finished.acquire(timeout=600)
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    gpu_ms = sum(e.device_time for e in events) / 1e3
+    path.write_text(f"prefill of {c} prompts of {args.prompt_len} tokens to their first tokens: {1e3 * ttft:.1f} ms "
+                    f"(under the profiler); {len(events)} kernels, {gpu_ms:.1f} ms of kernel time\n"
+                    + prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+                    + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
 
 # --- our engine behind tritonserver --------------------------------------------------------------
@@ -517,7 +548,7 @@ def main() -> int:
     ap.add_argument("--hf-cache", default="static", choices=["static", "dynamic"])
     ap.add_argument("--hf-compile", action="store_true", help="let transformers compile its static-cache decode")
     ap.add_argument("--eager", action="store_true", help="our engine without CUDA graphs")
-    ap.add_argument("--profile", action="store_true", help="write kernel profiles of decoding at c=1 and the largest c")
+    ap.add_argument("--profile", action="store_true", help="write kernel profiles of decoding, and of prefill to the first token, at c=1 and the largest c")
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench")
     ap.add_argument("--out", type=Path, default=ROOT / "perf_analyzer_configs" / "results" / "ar_decode.json")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU, to check the script")

@@ -1,8 +1,11 @@
-"""Token release rules (whole UTF-8 characters, stop strings) and the stateless detokenizer."""
+"""Token release rules (whole UTF-8 characters, stop strings), the stateless detokenizer and the chat
+pre step's batched tokenization."""
 from __future__ import annotations
 
+import json
 import random
 
+import numpy as np
 import pytest
 
 from python_backends.text.stream import TokenStream, utf8_pending
@@ -73,3 +76,33 @@ def test_streamed_pieces_reassemble_exactly(tokenizer):
         if rest:
             pieces.append(detok.text(context + rest, len(context), ""))
         assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True), trial
+
+
+def test_chat_pre_batch_equals_one_by_one_and_keeps_errors_apart(tokenizer):
+    """The pre step tokenizes a batch in one call: each request gets the ids it gets alone (text and
+    chat template alike), and a bad request in the batch fails alone, naming its field."""
+    from python_backends.ar.sampling import SamplingParams
+    from python_backends.runtime.errors import InvalidInput
+    from python_backends.runtime.step import Request
+    from python_backends.text.chat import ChatPreParams, ChatPreprocess
+
+    pre = ChatPreprocess.__new__(ChatPreprocess)
+    pre.tokenizer, pre.params = tokenizer, ChatPreParams(max_model_len=64)
+    s = lambda v: np.array([json.dumps(v) if not isinstance(v, str) else v], dtype=np.object_)  # noqa: E731
+    msgs = [{"role": "user", "content": "héllo 中文 🙂"}]
+    good = [Request({"text_input": s("café naïve 🚀 end")}),
+            Request({"messages": s(msgs), "sampling_parameters": s({"max_tokens": 5})}),
+            Request({"text_input": s("x")})]
+    bad = [Request({"text_input": s("")}),                                              # empty
+           Request({"text_input": s("word " * 80)}),                                   # longer than the context
+           Request({"messages": s(msgs), "sampling_parameters": s({"top_p": 3})})]    # bad sampling
+    out = pre.execute([bad[0], good[0], bad[1], good[1], bad[2], good[2]])
+    expect = [tokenizer.encode("café naïve 🚀 end", add_special_tokens=False),
+              list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)),
+              tokenizer.encode("x", add_special_tokens=False)]
+    for got, ids in zip(out[1::2], expect):
+        assert got["input_ids"].tolist() == ids
+    assert json.loads(out[3]["sampling"][0])["max_tokens"] == 5
+    for got, field in zip(out[0::2], ["text_input", "prompt", "sampling_parameters.top_p"]):
+        assert isinstance(got, InvalidInput) and f"field '{field}'" in str(got), got
+    assert SamplingParams.from_dict(json.loads(out[1]["sampling"][0])).max_tokens == SamplingParams().max_tokens

@@ -80,7 +80,8 @@ class ChatPreprocess(Step):
         super().__init__(ctx)
         self.tokenizer = load_tokenizer(ctx.checkpoint(self.params.checkpoint))
 
-    def prompt_ids(self, req: Request) -> list[int]:
+    def prompt_text(self, req: Request) -> str:
+        """The text to tokenize: `text_input` as given, or `messages` through the chat template."""
         text = req.string("text_input")
         messages = req.json("messages")
         if (text is None) == (messages is None):
@@ -88,18 +89,49 @@ class ChatPreprocess(Step):
         if text is not None:
             if not text:
                 raise InvalidInput("text_input", "is empty")
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            return text
         kwargs = req.json("chat_template_kwargs", {})
         if not isinstance(kwargs, dict):
             raise InvalidInput("chat_template_kwargs", "expected a JSON object")
-        return list(self.tokenizer.apply_chat_template(parse_messages(messages), add_generation_prompt=True,
-                                                       tokenize=True, return_dict=False, **kwargs))
+        return self.tokenizer.apply_chat_template(parse_messages(messages), add_generation_prompt=True,
+                                                  tokenize=False, **kwargs)
 
-    def one(self, req: Request) -> dict:
-        ids = self.prompt_ids(req)
-        params = SamplingParams.from_dict(req.json(SAMPLING))
-        params.resolve(len(ids), self.params.max_model_len, len(self.tokenizer))   # validate early
-        return {"input_ids": np.asarray(ids, dtype=np.int32), "sampling": string_array(json.dumps(params.to_dict()))}
+    def encode(self, texts: list[str]) -> list[list[int] | BaseException]:
+        """All of a batch's texts in one tokenizer call (the Rust tokenizer splits a batch over its
+        threads; one call a request kept the step on one core while requests queued behind it).
+        Special tokens are not added: a chat template writes its own."""
+        try:
+            return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        except Exception:  # noqa: BLE001 - find the text that fails; the others still go on
+            out: list[list[int] | BaseException] = []
+            for text in texts:
+                try:
+                    out.append(self.tokenizer.encode(text, add_special_tokens=False))
+                except Exception as exc:  # noqa: BLE001
+                    out.append(exc)
+            return out
+
+    def execute(self, requests: list[Request]) -> list[dict | BaseException]:
+        """Each request's text and sampling checked on its own, then one tokenizer call for the batch,
+        then the sampling checked against each prompt's length; a failure stays its request's."""
+        results: list[dict | BaseException | None] = [None] * len(requests)
+        pending: list[tuple[int, str, SamplingParams]] = []
+        for i, req in enumerate(requests):
+            try:
+                pending.append((i, self.prompt_text(req), SamplingParams.from_dict(req.json(SAMPLING))))
+            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                results[i] = exc
+        encoded = self.encode([text for _, text, _ in pending]) if pending else []
+        for (i, _, params), ids in zip(pending, encoded):
+            try:
+                if isinstance(ids, BaseException):
+                    raise ids
+                params.resolve(len(ids), self.params.max_model_len, len(self.tokenizer))   # validate early
+                results[i] = {"input_ids": np.asarray(ids, dtype=np.int32),
+                              "sampling": string_array(json.dumps(params.to_dict()))}
+            except Exception as exc:  # noqa: BLE001
+                results[i] = exc
+        return results
 
 
 @dataclass
