@@ -17,9 +17,11 @@ captured in a CUDA graph just like a text model's.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -299,19 +301,18 @@ class ModelRunner:
         T, S = self.prefill_sizes[-1], self.config.max_num_seqs
         meta = torch.zeros(3 * T + 2 * S + 2, dtype=torch.int64)
         meta[2 * T:3 * T] = -1                                   # padding writes no cache slot
-        cu = meta[3 * T + S:]
-        cu[:] = t                                                # the padding sequence ends at t
-        start = 0
-        for i, s in enumerate(seqs):
-            n = s.prompt_len
-            if not self.frame_model:
-                meta[start:start + n] = torch.tensor(s.prompt_ids)
-            meta[T + start:T + start + n] = torch.arange(n)
-            meta[2 * T + start:2 * T + start + n] = self._prompt_slots(s)
-            meta[3 * T + i] = start + n - 1
-            start += n
-            cu[i + 1] = start
-        cu[0] = 0
+        meta[3 * T + S:] = t                                     # the padding sequence ends at t
+        if seqs:
+            ids, pos, slots, cu = self._pack(seqs)
+            total, n = int(cu[-1]), len(seqs)
+            if ids is not None:
+                meta[:total] = ids
+            meta[T:T + total] = pos
+            meta[2 * T:2 * T + total] = slots
+            meta[3 * T:3 * T + n] = cu[1:] - 1
+            meta[3 * T + S:3 * T + S + n + 1] = cu
+        else:
+            meta[3 * T + S] = 0
         return meta
 
     def _prefill_views(self, t: int) -> tuple[torch.Tensor, ...]:
@@ -393,26 +394,36 @@ class ModelRunner:
         self._rows_key = ()
         return self._copy_out(seqs, result)
 
-    def _prompt_slots(self, s: Sequence) -> torch.Tensor:
-        """Each prompt position's cache slot (host), from the sequence's block table."""
-        p, bs = torch.arange(s.prompt_len), self.config.block_size
-        return torch.tensor(s.block_table)[p // bs] * bs + p % bs
+    def _pack(self, seqs: list[Sequence]) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prompts packed end to end, as host tensors: token ids (None for a frame model), each
+        token's position and cache slot (from its sequence's block table), and cu_seqlens [n + 1].
+        Whole-batch tensor ops: built a prompt at a time it took ~5 ms of the engine thread for 32
+        prompts of 512 tokens (on a 2-core machine), time in which no step was launched."""
+        n, bs = len(seqs), self.config.block_size
+        lens = torch.tensor([s.prompt_len for s in seqs])
+        cu = torch.zeros(n + 1, dtype=torch.int64)
+        torch.cumsum(lens, 0, out=cu[1:])
+        seq_of = torch.repeat_interleave(torch.arange(n), lens)
+        pos = torch.arange(int(cu[-1])) - cu[:-1][seq_of]
+        width = max(len(s.block_table) for s in seqs)
+        tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], dtype=torch.int64)
+        slots = tables[seq_of, pos // bs] * bs + pos % bs
+        ids = None   # numpy reads the lists ~5x faster than torch.tensor(list) (~1 ms for 32K tokens here)
+        if not self.frame_model:
+            ids = torch.from_numpy(np.fromiter(itertools.chain.from_iterable(s.prompt_ids for s in seqs),
+                                               dtype=np.int64, count=int(cu[-1])))
+        return ids, pos, slots, cu
 
     def prefill_hidden(self, seqs: list[Sequence], all_tokens: bool = False) -> torch.Tensor:
         """Forward over the packed prompts; hidden states at each prompt's last token (or at every token)."""
-        ids, pos, slots, cu = [], [], [], [0]
-        for s in seqs:
-            ids += s.prompt_ids
-            pos.append(torch.arange(s.prompt_len))
-            slots.append(self._prompt_slots(s))
-            cu.append(cu[-1] + s.prompt_len)
+        ids, pos, slots, cu = self._pack(seqs)
         up = self.upload
-        ctx = ForwardContext(is_prefill=True, slot_mapping=up(torch.cat(slots)), state_slots=up([s.row for s in seqs]),
+        ctx = ForwardContext(is_prefill=True, slot_mapping=up(slots), state_slots=up([s.row for s in seqs]),
                              seq_lens=[s.prompt_len for s in seqs], cu_seqlens=up(cu, torch.int32),
                              max_seqlen=max(s.prompt_len for s in seqs))
         x = self.model.prefill_embeds([s.prompt for s in seqs]) if self.frame_model else up(ids)
-        hidden = self.model(x, up(torch.cat(pos)), ctx)
-        return hidden if all_tokens else hidden[up([c - 1 for c in cu[1:]])]
+        hidden = self.model(x, up(pos), ctx)
+        return hidden if all_tokens else hidden[up(cu[1:] - 1)]
 
     def prefill_logits(self, seqs: list[Sequence], all_tokens: bool = False) -> torch.Tensor:
         return self.model.compute_logits(self.prefill_hidden(seqs, all_tokens))
