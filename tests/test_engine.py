@@ -233,3 +233,32 @@ def test_step_trace_records_each_step(folder, tmp_path, monkeypatch):
     # 4 tokens each: the first from prefill, 3 decode steps (fewer if a prefill held one of them back)
     assert 3 <= sum(s["kind"] == "decode" for s in steps) <= 6
     assert all(s["launch_ms"] >= 0 and s["collect_ms"] >= 0 for s in steps)
+
+
+def test_prefill_waits_for_a_burst_to_arrive(folder):
+    """With prefill_quiet_ms, prompts that arrive close together are prefilled in one step; the wait
+    ends when arrivals pause, at prefill_max_wait_ms after the oldest, or when the step is full."""
+    import threading
+    import time
+
+    engine = make_engine(folder, prefill_quiet_ms=300, prefill_max_wait_ms=5000)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    first = engine.add(PROMPTS[0], params)
+    threading.Timer(0.05, lambda: engine.add(PROMPTS[1], params)).start()
+    start = time.monotonic()
+    engine.run_until_done()
+    assert time.monotonic() - start >= 0.3                       # held until arrivals had paused
+    assert engine.stats.prefill_steps == 1 and len(first.output_ids) == 3
+
+    engine._drain_inbox()
+    for p in PROMPTS[:2]:
+        engine.add(p, params)
+    engine._drain_inbox()
+    oldest, newest = engine.scheduler.waiting[0], engine.scheduler.waiting[-1]
+    now = newest.arrival
+    assert engine._prefill_hold(now) == pytest.approx(0.3)
+    assert engine._prefill_hold(now + 0.31) == 0                 # quiet long enough
+    oldest.arrival, newest.arrival = now - 4.9, now - 0.01       # arrivals kept coming for 4.9 s
+    assert engine._prefill_hold(now) == pytest.approx(0.1)       # the oldest's deadline comes first
+    engine.scheduler.max_num_seqs = 2
+    assert engine._prefill_hold(now) == 0                        # a full step goes at once

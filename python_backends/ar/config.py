@@ -19,6 +19,12 @@ class EngineConfig:
     # prefill steps of up to this many prompt tokens (all prompts of the step together) replayed as CUDA
     # graphs, padded to the next size; longer ones run eagerly
     cuda_graph_prefill_tokens: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256, 512, 1024, 2048])
+    # Waiting prompts are prefilled once no new prompt has arrived for `prefill_quiet_ms`, or the
+    # oldest has waited `prefill_max_wait_ms`, or the step is full (running decodes go on meanwhile).
+    # A burst that reaches the engine spread out (through a server) is then one prefill step instead
+    # of several small ones that each stop every decode. 0: prefill whatever is waiting at once.
+    prefill_quiet_ms: float = 0.0
+    prefill_max_wait_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_model_len < 2 or self.block_size < 1:

@@ -144,7 +144,8 @@ class LLMEngine:
         A sequence that ends on a stop token is thus decoded once more; that token is dropped."""
         t = time.time()
         arrivals = self._drain_inbox()
-        batch = self.scheduler.schedule()
+        hold = self._prefill_hold(t)
+        batch = self.scheduler.schedule(prefill=hold <= 0)
         launched = None
         if batch is not None:
             if batch.is_prefill:
@@ -162,9 +163,22 @@ class LLMEngine:
         previous, self.in_flight = self.in_flight, launched
         launched_at = time.time()
         outputs = self._collect(previous) if previous is not None else []
+        if batch is None and previous is None and hold > 0:    # nothing to do but wait for prompts
+            self._wake.wait(hold)
+            self._wake.clear()
         if self.trace is not None:
             self.trace.step(t, arrivals, batch, launched_at)
         return outputs
+
+    def _prefill_hold(self, now: float) -> float:
+        """Seconds the waiting prompts should still wait for more to arrive (config.prefill_quiet_ms);
+        0: prefill them now."""
+        waiting, cfg = self.scheduler.waiting, self.config
+        if cfg.prefill_quiet_ms <= 0 or not waiting or self.scheduler.prefill_is_full():
+            return 0.0
+        quiet = waiting[-1].arrival + cfg.prefill_quiet_ms / 1e3 - now
+        deadline = waiting[0].arrival + cfg.prefill_max_wait_ms / 1e3 - now
+        return max(0.0, min(quiet, deadline))
 
     def _collect(self, handle: StepHandle) -> list[tuple[Sequence, list[int], str | None]]:
         tokens, codes = handle.result()

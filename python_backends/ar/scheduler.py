@@ -30,9 +30,15 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> Batch | None:
+    def prefill_is_full(self) -> bool:
+        """Whether the waiting prompts already fill a prefill step (sequences or tokens)."""
+        return (len(self.running) + len(self.waiting) >= self.max_num_seqs
+                or sum(s.prompt_len for s in self.waiting) >= self.max_num_batched_tokens)
+
+    def schedule(self, prefill: bool = True) -> Batch | None:
+        """The next step; `prefill=False`: leave the waiting prompts waiting (decode, if any runs)."""
         admitted, tokens = [], 0
-        while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
+        while prefill and self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
             seq = self.waiting[0]
             n = seq.prompt_len
             if admitted and tokens + n > self.max_num_batched_tokens:

@@ -54,6 +54,8 @@ class ARParams:
     cuda_graph_prefill_tokens: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256, 512, 1024, 2048])
     enforce_eager: bool = False
     use_triton_kernels: bool = True
+    prefill_quiet_ms: float = 0.0        # EngineConfig says what these two do
+    prefill_max_wait_ms: float = 0.0
     load_format: str = "auto"          # "dummy": random weights from config.json (benchmarks)
     # tokens per streamed response after the first (which goes out at once, for the time to first
     # token): n >= 1 at least n (fewer only at the end); 0 (auto): 1 while one stream is live, then
@@ -77,7 +79,8 @@ class ARParams:
                             num_kv_blocks=self.num_kv_blocks, gpu_memory_utilization=self.gpu_memory_utilization,
                             cuda_graph_batch_sizes=list(self.cuda_graph_batch_sizes),
                             cuda_graph_prefill_tokens=list(self.cuda_graph_prefill_tokens),
-                            enforce_eager=self.enforce_eager, use_triton_kernels=self.use_triton_kernels)
+                            enforce_eager=self.enforce_eager, use_triton_kernels=self.use_triton_kernels,
+                            prefill_quiet_ms=self.prefill_quiet_ms, prefill_max_wait_ms=self.prefill_max_wait_ms)
 
 
 @dataclass(eq=False)
