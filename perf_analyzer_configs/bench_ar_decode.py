@@ -93,21 +93,40 @@ def summarize(kind, name, c, wall, per_request, output_len):
             "tpot_ms_p90": 1e3 * percentile(tpot, 0.9)}
 
 
-def mark_wave(mode, c, t0_unix, wall, per):
-    """With TRITON_OMNI_ENGINE_TRACE=FILE set (the engine's step trace), each wave's start and its
-    requests' TTFTs go to FILE.waves, for perf_analyzer_configs/engine_trace.py to line them up."""
+def mark_wave(mode, c, t0_unix, wall, per, sent_s=0.0):
+    """With TRITON_OMNI_ENGINE_TRACE=FILE set (the engine's step trace), each wave's start, the time
+    the client took to send (or add) its requests and their TTFTs go to FILE.waves, for
+    perf_analyzer_configs/engine_trace.py to line them up."""
     from python_backends.ar.engine import TRACE_ENV
 
     path = os.environ.get(TRACE_ENV)
     if path:
         with open(path + ".waves", "a") as f:
-            f.write(json.dumps({"mode": mode, "concurrency": c, "t0": t0_unix, "wall_s": wall,
+            f.write(json.dumps({"mode": mode, "concurrency": c, "t0": t0_unix, "wall_s": wall, "sent_ms": 1e3 * sent_s,
                                 "ttft_ms": sorted(1e3 * r["ttft"] for r in per)}) + "\n")
 
 
 def prompts(c, prompt_len, vocab, seed=0):
     rng = random.Random(seed)
     return [[rng.randrange(256, vocab - 1000) for _ in range(prompt_len)] for _ in range(c)]
+
+
+def ar_overrides(args) -> list[tuple[str, object]]:
+    """The `--set qwen3_chat.ar.KEY=VALUE` overrides, for the in-process engine's parameters (the
+    server modes pass every --set to the converter)."""
+    import yaml
+
+    from python_backends.ar.step import ARParams
+
+    out = []
+    for item in args.set or []:
+        key, _, value = item.partition("=")
+        if key.startswith("qwen3_chat.ar."):
+            name = key.removeprefix("qwen3_chat.ar.")
+            if not hasattr(ARParams, name) and name not in ARParams.__dataclass_fields__:
+                raise SystemExit(f"--set {item}: the AR step has no parameter {name!r}")
+            out.append((name, yaml.safe_load(value)))
+    return out
 
 
 # --- our engine, in-process ----------------------------------------------------------------------
@@ -119,6 +138,8 @@ def bench_inprocess(name, folder, args, device):
     params = ARParams(dtype=args.dtype, max_num_seqs=max(args.concurrency), max_model_len=args.prompt_len + args.output_len + 16,
                       max_num_batched_tokens=max(args.concurrency) * args.prompt_len, load_format="dummy",
                       enforce_eager=args.eager)
+    for key, value in ar_overrides(args):
+        setattr(params, key, value)
     t = time.monotonic()
     engine, _ = build_engine(folder, params, device)
     setup_s = time.monotonic() - t
@@ -142,11 +163,12 @@ def bench_inprocess(name, folder, args, device):
         t0, t0_unix = time.perf_counter(), time.time()
         for p in prompts(c, args.prompt_len, vocab, seed):
             engine.add(p, sp, on_output)
+        sent = time.perf_counter() - t0
         assert done.wait(600), "in-process run did not finish"
         wall = time.perf_counter() - t0
         per = [{"ttft": s[0] - t0, "tpot": (s[-1] - s[0]) / max(len(s) - 1, 1)} for s in stamps.values()]
         assert all(len(s) == args.output_len for s in stamps.values())
-        mark_wave("inprocess", c, t0_unix, wall, per)
+        mark_wave("inprocess", c, t0_unix, wall, per, sent)
         return wall, per
 
     run(1, 99)                                  # warm-up: kernels compiled, graphs replayed once
@@ -158,59 +180,41 @@ def bench_inprocess(name, folder, args, device):
         print(json.dumps(rows[-1]), flush=True)
     rows[0]["setup_s"] = setup_s
     rows[0]["cuda_graphs"] = engine.runner.use_graphs
+    loop.stop()
     if args.profile and (torch.cuda.is_available() or args.smoke):
         for c in sorted({1, max(args.concurrency)}):
-            profile_decode(engine, sp, args, c, Path(args.out).parent / f"profile-{name}-c{c}.txt")
-            profile_prefill(engine, sp, args, c, Path(args.out).parent / f"profile-prefill-{name}-c{c}.txt")
-    loop.stop()
+            profile_steps(engine, sp, args, c, Path(args.out).parent / f"profile-{name}-c{c}.txt")
     return rows
 
 
-def profile_decode(engine, sp, args, c: int, path: Path) -> None:
-    """Kernel time of decode steps with c sequences running (at c=1, what bounds time per token)."""
+def profile_steps(engine, sp, args, c: int, path: Path) -> None:
+    """Kernels and host time of the prefill of c prompts (up to their first tokens), then of 20
+    decode steps with the c sequences running. The engine is stepped from this thread (its loop is
+    stopped), so the profiler records the host-side ops too."""
     from torch.profiler import ProfilerActivity, profile
 
-    finished = threading.Semaphore(0)
-    for p in prompts(c, args.prompt_len, engine.vocab_size, 7):
-        engine.add(p, sp, lambda seq, new, reason: finished.release() if reason else None)
-    time.sleep(0.2 + 0.02 * c)                        # past prefill, into steady decode
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        time.sleep(0.05)
-    for _ in range(c):
-        finished.acquire(timeout=600)
-    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    path.write_text(f"decode kernels in 50 ms of c={c} decoding: {len(events)}\n"
-                    + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+    def tables(prof, what: str, ms: float) -> str:
+        events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        gpu_ms = sum(e.device_time for e in events) / 1e3
+        return (f"{what}: {ms:.1f} ms under the profiler; {len(events)} kernels, {gpu_ms:.1f} ms of kernel time\n"
+                + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+                + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
 
-
-def profile_prefill(engine, sp, args, c: int, path: Path) -> None:
-    """Kernels and host time from adding c prompts to their first tokens (the prefill step(s)):
-    what a request's time to first token is spent on."""
-    from torch.profiler import ProfilerActivity, profile
-
-    first, finished = threading.Semaphore(0), threading.Semaphore(0)
-
-    def on_output(seq, new, reason):
-        if new and len(seq.output_ids) == 1:
-            first.release()
-        if reason:
-            finished.release()
-
+    seqs = [engine.add(p, sp) for p in prompts(c, args.prompt_len, engine.vocab_size, 11)]
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        for p in prompts(c, args.prompt_len, engine.vocab_size, 11):
-            engine.add(p, sp, on_output)
-        for _ in range(c):
-            first.acquire(timeout=600)
-        ttft = time.perf_counter() - t0
-    for _ in range(c):
-        finished.acquire(timeout=600)
-    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    gpu_ms = sum(e.device_time for e in events) / 1e3
-    path.write_text(f"prefill of {c} prompts of {args.prompt_len} tokens to their first tokens: {1e3 * ttft:.1f} ms "
-                    f"(under the profiler); {len(events)} kernels, {gpu_ms:.1f} ms of kernel time\n"
-                    + prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-                    + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+        while not all(s.output_ids for s in seqs):
+            engine.step()
+        prefill_ms = 1e3 * (time.perf_counter() - t0)
+    out = tables(prof, f"prefill of {c} prompts of {args.prompt_len} tokens to their first tokens", prefill_ms)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(20):
+            engine.step()
+        decode_ms = 1e3 * (time.perf_counter() - t0)
+    out += tables(prof, f"20 decode steps of {c} sequences", decode_ms)
+    engine.run_until_done()
+    path.write_text(out)
 
 
 # --- our engine behind tritonserver --------------------------------------------------------------
@@ -308,6 +312,7 @@ def bench_server(name, folder, args, target):
             t0, t0_unix = time.perf_counter(), time.time()
             for i, inputs in enumerate(requests):
                 client.async_stream_infer(args.server_model, inputs, request_id=str(i), enable_empty_final_response=True)
+            sent = time.perf_counter() - t0
             assert done.wait(600), "server run did not finish"
             wall = time.perf_counter() - t0
         finally:
@@ -316,7 +321,7 @@ def bench_server(name, folder, args, target):
         assert not errors, errors[0]
         assert tokens == [args.output_len] * c, tokens
         per = [{"ttft": s[0] - t0, "tpot": (s[-1] - s[0]) / (args.output_len - 1)} for s in stamps]
-        mark_wave("server", c, t0_unix, wall, per)
+        mark_wave("server", c, t0_unix, wall, per, sent)
         return wall, per
 
     def run(c):
@@ -533,7 +538,8 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", default=["inprocess", "server", "hf"],
                     choices=["inprocess", "server", "server-pa", "hf"],
                     help="server-pa: perf_analyzer against the server's front and its AR step")
-    ap.add_argument("--set", action="append", help="a converter override for the server modes (KEY=VALUE)")
+    ap.add_argument("--set", action="append",
+                    help="a converter override for the server modes (KEY=VALUE); qwen3_chat.ar.* ones apply in-process too")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="an extra tritonserver argument for the server modes, e.g. --server-arg=--trace-config=rate=1")
     ap.add_argument("--server-model", default="qwen3_chat",

@@ -29,7 +29,8 @@ def summarize_wave(wave: dict, steps: list[dict]) -> str:
     last_prefill = prefills[-1]["t"] if prefills else t0
     ttft = wave["ttft_ms"]
     lines = [f"{wave['mode']} c={wave['concurrency']}: wall {1e3 * wave['wall_s']:.1f} ms, TTFT min/p50/max "
-             f"{ttft[0]:.1f} / {statistics.median(ttft):.1f} / {ttft[-1]:.1f} ms"]
+             f"{ttft[0]:.1f} / {statistics.median(ttft):.1f} / {ttft[-1]:.1f} ms"
+             + (f"; requests sent by {wave['sent_ms']:.1f} ms" if "sent_ms" in wave else "")]
     if arrivals:
         lines.append(f"  {len(arrivals)} arrivals at the engine from {ms(arrivals[0]):.1f} to {ms(arrivals[-1]):.1f} ms")
     for s in prefills:
