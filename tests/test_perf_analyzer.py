@@ -124,3 +124,40 @@ def test_engine_trace_summary_lines_up_steps_with_waves():
     assert "3 arrivals at the engine from 1.0 to 5.0 ms" in text
     assert "prefill at     6.0 ms:   2 prompts,   1024 tokens" in text
     assert "decode steps: 1 before the last prefill, 5 after (first at 8.0 ms, step-to-step p50 2.000 ms" in text
+
+
+def test_triton_trace_summary_per_wave_and_step(tmp_path):
+    """Triton's trace (entries written in pieces) grouped into waves; each step's first run per request."""
+    from perf_analyzer_configs.triton_trace import load, summarize_wave, waves
+
+    ms = 1_000_000
+    entries, next_id = [], [0]
+
+    def trace(model, stamps, parent=None):
+        next_id[0] += 1
+        head = {"id": next_id[0], "model_name": model, "model_version": 1}
+        if parent is not None:
+            head["parent_id"] = parent
+        entries.append(head)
+        entries.extend({"id": next_id[0], "timestamps": [{"name": n, "ns": v}]} for n, v in stamps.items())
+        return next_id[0]
+
+    for wave_start in (0, 500 * ms):                       # two waves of three requests each
+        for k in range(3):
+            t = wave_start + k * ms
+            top = trace("ens", {"REQUEST_START": t, "GRPC_SEND_START": t + 40 * ms})
+            trace("pre", {"QUEUE_START": t, "COMPUTE_START": t + 2 * ms, "COMPUTE_END": t + 3 * ms}, top)
+            for n in (1, 2):                                 # post runs once per streamed response
+                trace("post", {"QUEUE_START": t + 30 * ms * n, "COMPUTE_START": t + 30 * ms * n,
+                               "COMPUTE_END": t + 30 * ms * n + ms}, top)
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(entries))
+    traces = load(path)
+    found = waves(traces, gap_ms=50)
+    assert [len(w) for w in found] == [3, 3]
+    text = "\n".join(summarize_wave(traces, found[1]))
+    assert "requests start" in text and "0.0 /     1.0 /     2.0" in text
+    assert "pre compute_start" in text and "2.0 /     3.0 /     4.0  (3)" in text
+    assert "post queue_start" in text and "30.0 /    31.0 /    32.0  (3)" in text     # the first run only
+    assert "first response sent" in text and "40.0 /    41.0 /    42.0" in text
+    assert text.index("pre queue_start") < text.index("post queue_start")
