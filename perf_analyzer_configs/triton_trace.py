@@ -25,10 +25,11 @@ from pathlib import Path
 MARKS = ("QUEUE_START", "COMPUTE_START", "COMPUTE_END")
 
 
-def load(path: Path) -> dict[int, dict]:
-    """trace id -> {model_name, parent_id, ts: {name: first ns}} (Triton writes a trace in pieces)."""
+def load(*paths: Path) -> dict[int, dict]:
+    """trace id -> {model_name, parent_id, ts: {name: first ns}}. Triton writes a trace in pieces, and
+    with log-frequency N > 0 into files FILE.0, FILE.1, ...: give them all."""
     traces: dict[int, dict] = defaultdict(lambda: {"ts": {}})
-    for entry in json.loads(path.read_text()):
+    for entry in (e for path in paths for e in json.loads(path.read_text())):
         t = traces[entry["id"]]
         for key, value in entry.items():
             if key == "timestamps":
@@ -87,11 +88,11 @@ def summarize_wave(traces: dict[int, dict], wave: list[int]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("trace", type=Path)
+    ap.add_argument("trace", type=Path, nargs="+")
     ap.add_argument("--wave-gap-ms", type=float, default=50.0)
     ap.add_argument("--min-requests", type=int, default=2, help="leave out waves of fewer requests")
     args = ap.parse_args()
-    traces = load(args.trace)
+    traces = load(*args.trace)
     for wave in waves(traces, args.wave_gap_ms):
         if len(wave) >= args.min_requests:
             print("\n".join(summarize_wave(traces, wave)))
