@@ -232,7 +232,9 @@ def start_server(name, folder, args, target):
     overrides += args.set or []
     repo = Path(args.workdir) / "model_repository"
     write_repository(load_configs(["qwen3_chat"], [f"qwen3_chat={folder}"], overrides), repo, target)
-    log = Path(args.workdir) / f"tritonserver-{name}.log"
+    # one log per server start: a later run in the same workdir must not overwrite a failed one's
+    log = Path(args.workdir) / f"tritonserver-{name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    print(f"tritonserver log: {log}", flush=True)
     t = time.monotonic()
     server = TritonServer(repo, models=["qwen3_chat"], log_path=log,
                           extra_args=list(getattr(args, "server_arg", None) or [])).start(timeout=900)
