@@ -2,6 +2,7 @@
 aborts, resources returned."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -120,6 +121,8 @@ def test_bad_requests_are_refused_up_front(folder):
     engine = make_engine(folder, max_model_len=64)
     with pytest.raises(InvalidInput, match="input_ids"):
         engine.add([1, 10 ** 6], SamplingParams())
+    with pytest.raises(InvalidInput, match="input_ids"):
+        engine.add(np.array([3, -1], dtype=np.int32), SamplingParams())     # as the AR step passes them
     with pytest.raises(InvalidInput, match="field 'prompt'"):
         engine.add([1] * 64, SamplingParams())
     with pytest.raises(InvalidInput, match="max_tokens"):

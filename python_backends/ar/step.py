@@ -192,7 +192,7 @@ class ARDecode(Step):
         params = SamplingParams.from_dict(request.json("sampling"))
         streaming = bool(request.scalar("stream", False))
         reply = _Reply(sink, TokenStream(self.token_bytes, params.stop), streaming, int(ids.shape[0]))
-        self.start(request, reply, ids.tolist(), params)
+        self.start(request, reply, ids, params)
 
     def handle_abort(self, request: Request, sink: ResponseSink) -> bool:
         """True if this request is the front's abort for others (then it is answered here): their
