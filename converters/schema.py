@@ -13,7 +13,8 @@ step output of that name, else it becomes an input of the ensemble.
     steps:
       - key: pre
         step: chat_pre                   # a name registered with @register
-        instances: {kind: cpu, count: 1} # kind gpu -> KIND_GPU when building for a GPU target
+        instances: {kind: cpu, count: 1} # kind gpu -> KIND_GPU when building for a GPU target;
+                                         # count: an int or {cpu: N, gpu: M}
         batching: {max_queue_delay_us: 500}
         parameters: {max_model_len: 2048, dtype: {cpu: float32, gpu: bfloat16}}
 """
@@ -48,7 +49,7 @@ class StepConfig:
     key: str
     step: str
     kind: str = "cpu"                   # "cpu" or "gpu"
-    count: int = 1
+    count: Any = 1                      # instances: an int or {cpu: N, gpu: M}
     max_batch_size: int | None = None   # default: the ensemble's
     batching: Batching | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
@@ -58,6 +59,22 @@ class StepConfig:
     @property
     def cls(self) -> type[Step]:
         return STEPS[self.step]
+
+    def instance_count(self, target: str) -> int:
+        return per_target(self.count, target)
+
+
+def per_target(value: Any, target: str) -> int:
+    """A count given as an int or as {cpu: N, gpu: M}, for one build target."""
+    return int(value[target] if isinstance(value, dict) else value)
+
+
+def _check_count(file, key: str, value: Any) -> Any:
+    counts = value if isinstance(value, dict) else {t: value for t in TARGETS}
+    if set(counts) != set(TARGETS) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                               for n in counts.values()):
+        raise ConfigError(file, key, f"expected a positive integer or {{cpu: N, gpu: M}}, got {value!r}")
+    return value
 
 
 @dataclass
@@ -80,8 +97,7 @@ class EnsembleConfig:
     front_instances: Any = field(default_factory=lambda: {"cpu": 1, "gpu": 16})
 
     def front_count(self, target: str) -> int:
-        v = self.front_instances
-        return int(v[target] if isinstance(v, dict) else v)
+        return per_target(self.front_instances, target)
 
     def model_name(self, step: StepConfig) -> str:
         return f"{self.name}_{step.key}"
@@ -128,9 +144,7 @@ def _parse_step(file, i: int, raw: Any) -> StepConfig:
     kind = inst.get("kind", "cpu")
     if kind not in TARGETS:
         raise ConfigError(file, f"{where}.instances.kind", f"expected cpu or gpu, got {kind!r}")
-    count = _expect(file, f"{where}.instances.count", inst.get("count", 1), int, "an integer")
-    if count < 1:
-        raise ConfigError(file, f"{where}.instances.count", "must be >= 1")
+    count = _check_count(file, f"{where}.instances.count", inst.get("count", 1))
     batching = None
     if raw.get("batching") is not None:
         b = _expect(file, f"{where}.batching", raw["batching"], dict, "a mapping")
@@ -196,10 +210,7 @@ def load_ensemble(path: str | Path) -> EnsembleConfig:
         steps=[_parse_step(path, i, s) for i, s in enumerate(steps_raw)],
         openai=_expect(path, "openai", raw.get("openai", {}) or {}, dict, "a mapping"))
     if "front_instances" in raw:
-        cfg.front_instances = raw["front_instances"]
-        counts = cfg.front_instances if isinstance(cfg.front_instances, dict) else {t: cfg.front_instances for t in TARGETS}
-        if set(counts) != set(TARGETS) or not all(isinstance(n, int) and n >= 1 for n in counts.values()):
-            raise ConfigError(path, "front_instances", "expected a positive integer or {cpu: N, gpu: M}")
+        cfg.front_instances = _check_count(path, "front_instances", raw["front_instances"])
     for k in cfg.parameters:
         if not any(k in field_types(s.cls.Params) for s in cfg.steps):
             raise ConfigError(path, f"parameters.{k}", "no step has such a parameter")

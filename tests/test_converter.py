@@ -62,6 +62,11 @@ def test_every_generated_config_parses_and_wires(tmp_path):
     front = parsed["qwen3_chat"]
     assert front.model_transaction_policy.decoupled and front.parameters["ensemble"].string_value == "qwen3_chat_ensemble"
     assert front.instance_group[0].count == 16         # the GPU target's default front processes
+    assert parsed["qwen3_chat_pre"].instance_group[0].count == 4    # the YAML's {cpu: 1, gpu: 4}
+    # decoupled models take what queued meanwhile in one execute, prompts of any length together
+    for m in (ar, front):
+        assert m.HasField("dynamic_batching") and m.dynamic_batching.max_queue_delay_microseconds == 0
+    assert next(t for t in ar.input if t.name == "input_ids").allow_ragged_batch
 
 
 def test_cpu_target_and_overrides(tmp_path):
@@ -82,6 +87,7 @@ def test_cpu_target_and_overrides(tmp_path):
     assert Path(ar.parameters["checkpoint"].string_value).is_absolute()
     front = text_format.Parse((tmp_path / "repo" / "m" / "config.pbtxt").read_text(), mc.ModelConfig())
     assert front.instance_group[0].count == 1          # the CPU target's default
+    assert pre.instance_group[0].count == 1
     apply_override(cfg, "front_instances", "3")
     write_repository([cfg], tmp_path / "repo3", "cpu")
     front = text_format.Parse((tmp_path / "repo3" / "m" / "config.pbtxt").read_text(), mc.ModelConfig())
@@ -104,6 +110,10 @@ BAD = [
     ("not YAML", "name: [m\n", "m.yaml: <yaml>: not valid YAML"),
     ("bad front_instances", "name: m\nfront_instances: {gpu: 0}\nsteps:\n  - {key: a, step: chat_pre}\n",
      "m.yaml: front_instances: expected a positive integer or {cpu: N, gpu: M}"),
+    ("bad instance count", "name: m\nsteps:\n  - {key: a, step: chat_pre, instances: {count: {cpu: 1}}}\n",
+     "m.yaml: steps.a.instances.count: expected a positive integer or {cpu: N, gpu: M}"),
+    ("zero instances", "name: m\nsteps:\n  - {key: a, step: chat_pre, instances: {count: 0}}\n",
+     "m.yaml: steps.a.instances.count: expected a positive integer"),
 ]
 
 
