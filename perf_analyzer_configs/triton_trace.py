@@ -4,12 +4,18 @@ c=64 wave of bench_ar_decode.py); for each wave and step: when its requests were
 execute started and ended (a decoupled step's execute ends once it has taken the request in), in ms
 from the wave's first request, min / p50 / max. For a step that runs several times per request (a
 detokenizer after each streamed response) only its first run per request counts: the first token.
+Then each step's executes in order, as requests x [start-end] ms: requests that shared an execute
+(Triton's dynamic batcher) share its start. That is what shows a step taking a burst in batches that
+grow while it works, or one request at a time.
 
     python perf_analyzer_configs/bench_ar_decode.py --models qwen3-0.6b --modes server --concurrency 64 64 \\
         --server-model qwen3_chat_ensemble --server-arg=--trace-config=triton,file=/tmp/trace.json \\
-        --server-arg=--trace-config=triton,log-frequency=0 --server-arg=--trace-config=rate=1 \\
+        --server-arg=--trace-config=triton,log-frequency=200 --server-arg=--trace-config=rate=1 \\
         --server-arg=--trace-config=level=TIMESTAMPS
-    python perf_analyzer_configs/triton_trace.py /tmp/trace.json
+    python perf_analyzer_configs/triton_trace.py /tmp/trace.json.*
+
+With log-frequency=0 Triton writes the trace only when it exits, which a server stopped by the
+benchmark may not reach (it wrote no file in one GPU run); 200 writes numbered files as it goes.
 
 Triton traces the steps of an ensemble called by a client; it does not trace the calls a python model
 (the streaming front) makes, so call the ensemble itself to see its steps.
@@ -80,10 +86,22 @@ def summarize_wave(traces: dict[int, dict], wave: list[int]) -> list[str]:
             values = [ms(t["ts"][mark]) for t in ts if mark in t["ts"]]
             if values:
                 lines.append(f"  {model + ' ' + mark.lower():<34} {spread(values)}  ({len(values)})")
+    for model, ts in sorted(by_model.items(), key=lambda kv: min(t["ts"]["QUEUE_START"] for t in kv[1])):
+        lines.append(f"  {model} executes: {executes(ts, ms)}")
     sent = [ms(traces[i]["ts"]["GRPC_SEND_START"]) for i in wave if "GRPC_SEND_START" in traces[i]["ts"]]
     if sent:
         lines.append(f"  {'first response sent':<34} {spread(sent)}")
     return lines
+
+
+def executes(ts: list[dict], ms) -> str:
+    """`requests x [start-end]` per execute, in order of start (requests of one batch share it)."""
+    runs: dict[int, list[dict]] = defaultdict(list)
+    for t in ts:
+        if "COMPUTE_START" in t["ts"]:
+            runs[t["ts"]["COMPUTE_START"]].append(t)
+    return " ".join(f"{len(group)}x[{ms(start):.1f}-{ms(max(t['ts'].get('COMPUTE_END', start) for t in group)):.1f}]"
+                    for start, group in sorted(runs.items()))
 
 
 def main() -> None:

@@ -159,5 +159,6 @@ def test_triton_trace_summary_per_wave_and_step(tmp_path):
     assert "requests start" in text and "0.0 /     1.0 /     2.0" in text
     assert "pre compute_start" in text and "2.0 /     3.0 /     4.0  (3)" in text
     assert "post queue_start" in text and "30.0 /    31.0 /    32.0  (3)" in text     # the first run only
+    assert "pre executes: 1x[2.0-3.0] 1x[3.0-4.0] 1x[4.0-5.0]" in text     # one request per execute
     assert "first response sent" in text and "40.0 /    41.0 /    42.0" in text
     assert text.index("pre queue_start") < text.index("post queue_start")
