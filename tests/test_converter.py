@@ -106,7 +106,7 @@ BAD = [
     ("wrong parameter type", "name: m\nsteps:\n  - {key: a, step: ar_decode, parameters: {max_num_seqs: many}}\n",
      "m.yaml: steps.a.parameters.max_num_seqs: parameter 'max_num_seqs': expected int"),
     ("batching a streaming step", "name: m\nsteps:\n  - {key: a, step: ar_decode, batching: {max_queue_delay_us: 5}}\n",
-     "m.yaml: steps.a.batching: a decoupled (streaming) step batches inside its engine"),
+     "m.yaml: steps.a.batching: a decoupled (streaming) step always gets a batcher that never waits"),
     ("not YAML", "name: [m\n", "m.yaml: <yaml>: not valid YAML"),
     ("bad front_instances", "name: m\nfront_instances: {gpu: 0}\nsteps:\n  - {key: a, step: chat_pre}\n",
      "m.yaml: front_instances: expected a positive integer or {cpu: N, gpu: M}"),
