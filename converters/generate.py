@@ -122,7 +122,6 @@ def step_config(cfg: EnsembleConfig, step: StepConfig, target: str, out: Path) -
     m.instance_group.append(mc.ModelInstanceGroup(kind=kind, count=step.instance_count(target)))
     if cls.decoupled:
         m.model_transaction_policy.decoupled = True
-        take_queued_together(m)
     if step.batching is not None:
         m.dynamic_batching.max_queue_delay_microseconds = step.batching.max_queue_delay_us
         m.dynamic_batching.preferred_batch_size.extend(step.batching.preferred_batch_sizes)
@@ -132,20 +131,6 @@ def step_config(cfg: EnsembleConfig, step: StepConfig, target: str, out: Path) -
         # let GPU steps receive GPU tensors from GPU steps (the python backend copies to host by default)
         m.parameters[FORCE_CPU_ONLY].string_value = "no"
     return m
-
-
-def take_queued_together(m: mc.ModelConfig) -> None:
-    """A decoupled model's execute only takes requests in (its threads stream the responses), so
-    without a dynamic batcher Triton hands it one request per execute, each a round trip to the python
-    stub, and a burst queues behind them. A batcher that never waits (delay 0) passes what queued
-    meanwhile in one execute. H200, qwen3_chat (0.6B shape), a wave of 64 requests, Triton's trace:
-    64 executes of one request each without it, 5 with it (the largest took 39 requests in 5 ms).
-    End to end the difference stayed within the run-to-run spread (c=64 through the ensemble:
-    22,215-22,692 tokens/s with, 22,434-22,481 without)."""
-    if m.max_batch_size > 0:
-        m.dynamic_batching.max_queue_delay_microseconds = 0
-        for t in m.input:       # each request is read on its own: lengths may differ within a batch
-            t.allow_ragged_batch = t.allow_ragged_batch or any(d < 0 for d in t.dims)
 
 
 def ensemble_name(cfg: EnsembleConfig) -> str:
@@ -166,7 +151,6 @@ def front_config(cfg: EnsembleConfig, wiring: Wiring, target: str) -> mc.ModelCo
     m.output.extend(_io(mc.ModelOutput, wiring.produced[n], with_flags=False) for n in cfg.outputs)
     m.instance_group.append(mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=cfg.front_count(target)))
     m.model_transaction_policy.decoupled = True
-    take_queued_together(m)
     m.parameters["ensemble"].string_value = ensemble_name(cfg)
     m.parameters["abort_models"].string_value = ",".join(streaming_steps(cfg))
     return m

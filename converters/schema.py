@@ -160,8 +160,7 @@ def _parse_step(file, i: int, raw: Any) -> StepConfig:
     if step.max_batch_size is not None:
         _expect(file, f"{where}.max_batch_size", step.max_batch_size, int, "an integer")
     if step.cls.decoupled and batching is not None:
-        raise ConfigError(file, f"{where}.batching",
-                          "a decoupled (streaming) step always gets a batcher that never waits (its engine batches)")
+        raise ConfigError(file, f"{where}.batching", "a decoupled (streaming) step batches inside its engine")
     _check_parameters(file, where, step)
     return step
 

@@ -63,10 +63,6 @@ def test_every_generated_config_parses_and_wires(tmp_path):
     assert front.model_transaction_policy.decoupled and front.parameters["ensemble"].string_value == "qwen3_chat_ensemble"
     assert front.instance_group[0].count == 16         # the GPU target's default front processes
     assert parsed["qwen3_chat_pre"].instance_group[0].count == 4    # the YAML's {cpu: 1, gpu: 4}
-    # decoupled models take what queued meanwhile in one execute, prompts of any length together
-    for m in (ar, front):
-        assert m.HasField("dynamic_batching") and m.dynamic_batching.max_queue_delay_microseconds == 0
-    assert next(t for t in ar.input if t.name == "input_ids").allow_ragged_batch
 
 
 def test_cpu_target_and_overrides(tmp_path):
@@ -106,7 +102,7 @@ BAD = [
     ("wrong parameter type", "name: m\nsteps:\n  - {key: a, step: ar_decode, parameters: {max_num_seqs: many}}\n",
      "m.yaml: steps.a.parameters.max_num_seqs: parameter 'max_num_seqs': expected int"),
     ("batching a streaming step", "name: m\nsteps:\n  - {key: a, step: ar_decode, batching: {max_queue_delay_us: 5}}\n",
-     "m.yaml: steps.a.batching: a decoupled (streaming) step always gets a batcher that never waits"),
+     "m.yaml: steps.a.batching: a decoupled (streaming) step batches inside its engine"),
     ("not YAML", "name: [m\n", "m.yaml: <yaml>: not valid YAML"),
     ("bad front_instances", "name: m\nfront_instances: {gpu: 0}\nsteps:\n  - {key: a, step: chat_pre}\n",
      "m.yaml: front_instances: expected a positive integer or {cpu: N, gpu: M}"),

@@ -99,12 +99,10 @@ class _Adapter:
 
     # -- tensors ------------------------------------------------------------------------------
     def read_request(self, request) -> Request:
-        # request.inputs() once: pb_utils.get_input_tensor_by_name calls it for every name, and each
-        # call builds a new list of tensor wrappers in the stub
-        given = {t.name(): t for t in request.inputs()}
+        pb = self.pb_utils
         tensors = {}
         for name in self.input_names:
-            t = given.get(name)
+            t = pb.get_input_tensor_by_name(request, name)
             if t is None:
                 continue
             if t.is_cpu():
