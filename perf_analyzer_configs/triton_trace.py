@@ -81,12 +81,13 @@ def summarize_wave(traces: dict[int, dict], wave: list[int]) -> list[str]:
     by_model: dict[str, list[dict]] = defaultdict(list)
     for (model, _), t in first_child.items():
         by_model[model].append(t)
-    for model, ts in sorted(by_model.items(), key=lambda kv: min(t["ts"]["QUEUE_START"] for t in kv[1])):
+    steps = sorted(by_model.items(), key=lambda kv: min(t["ts"]["QUEUE_START"] for t in kv[1]))   # first queued first
+    for model, ts in steps:
         for mark in MARKS:
             values = [ms(t["ts"][mark]) for t in ts if mark in t["ts"]]
             if values:
                 lines.append(f"  {model + ' ' + mark.lower():<34} {spread(values)}  ({len(values)})")
-    for model, ts in sorted(by_model.items(), key=lambda kv: min(t["ts"]["QUEUE_START"] for t in kv[1])):
+    for model, ts in steps:
         lines.append(f"  {model} executes: {executes(ts, ms)}")
     sent = [ms(traces[i]["ts"]["GRPC_SEND_START"]) for i in wave if "GRPC_SEND_START" in traces[i]["ts"]]
     if sent:
