@@ -182,6 +182,51 @@ def test_new_requests_start_right_after_a_mass_cancel(server):
         assert len(waits) == 2 and max(waits) < 6, waits
 
 
+def _stream_outputs(server, model: str, inputs: list, wanted: list[str]) -> list[dict]:
+    """One request on a gRPC stream asking for only `wanted`; each response's outputs by name."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    got: list = []
+    done = threading.Event()
+
+    def callback(result, error):
+        got.append(error if error is not None else
+                   {o.name: result.as_numpy(o.name) for o in result.get_response().outputs})
+        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    client.start_stream(callback=callback)
+    try:
+        client.async_stream_infer(model, inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in wanted],
+                                  enable_empty_final_response=True)
+        assert done.wait(30), "the stream did not end"
+    finally:
+        client.stop_stream()
+        client.close()
+    assert not any(isinstance(g, Exception) for g in got), got
+    return got
+
+
+def test_streams_return_only_the_requested_outputs(server):
+    """A client asking for some outputs gets those (the steps leave the others out themselves: the
+    stub would drop them inside a send, without the GIL), from the front and from the AR step."""
+    sampling = json.dumps({"max_tokens": 6, "temperature": 0, "ignore_eos": True})
+    inputs = make_inputs(grpcclient, {"messages": (_msgs(PROMPTS[0]), "BYTES"), "stream": (True, "BOOL"),
+                                      "sampling_parameters": (sampling, "BYTES")})
+    responses = [r for r in _stream_outputs(server, "qwen3_chat", inputs, ["text_output", "finish_reason"]) if r]
+    assert responses and all(set(r) == {"text_output", "finish_reason"} for r in responses)
+    text = "".join(r["text_output"].reshape(-1)[0].decode() for r in responses)
+    assert text == chat(server, "qwen3_chat", PROMPTS[0], max_tokens=6, temperature=0, ignore_eos=True)[0]
+    assert responses[-1]["finish_reason"].reshape(-1)[0] == b"length"
+
+    ids = np.arange(5, 25, dtype=np.int32)[None]
+    ar_inputs = [grpcclient.InferInput("input_ids", list(ids.shape), "INT32")]
+    ar_inputs[0].set_data_from_numpy(ids)
+    ar_inputs += make_inputs(grpcclient, {"sampling": (sampling, "BYTES"), "stream": (True, "BOOL")})
+    responses = [r for r in _stream_outputs(server, "qwen3_chat_ar", ar_inputs, ["token_ids", "finish_reason"]) if r]
+    assert responses and all(set(r) == {"token_ids", "finish_reason"} for r in responses)
+    assert responses[-1]["finish_reason"].reshape(-1)[0] == b"length"
+
+
 def _stream_error(server, values: dict) -> str:
     """Send one request on a gRPC stream; return the error message it gets."""
     client = grpcclient.InferenceServerClient(server.grpc_url)

@@ -91,11 +91,12 @@ class StreamFront:
             with STUB_LOCK:
                 inputs = [self.pb.Tensor(t.name(), t.as_numpy().copy()) for t in request.inputs()]
                 sender = request.get_response_sender()
-            threading.Thread(target=self._relay, args=(inputs, sender),
+                wanted = set(request.requested_output_names())
+            threading.Thread(target=self._relay, args=(inputs, sender, wanted),
                              name="front-relay", daemon=True).start()
         return None
 
-    def _relay(self, inputs: list, sender) -> None:
+    def _relay(self, inputs: list, sender, wanted: set[str]) -> None:
         pb = self.pb
         inner_id = uuid.uuid4().hex
         stream = _Stream(sender, pb)
@@ -114,7 +115,9 @@ class StreamFront:
             for response in responses:                 # waits outside the lock
                 with STUB_LOCK:
                     error = response.error() if response.has_error() else None
-                    tensors = None if error else response.output_tensors()
+                    # only what the client asked for: the stub would drop the rest itself, inside
+                    # send, without the GIL (see triton_model.py's output_tensors)
+                    tensors = None if error else [t for t in response.output_tensors() if t.name() in wanted]
                 if error is not None:
                     stream.finish(pb.InferenceResponse(error=error))
                     return

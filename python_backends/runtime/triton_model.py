@@ -43,6 +43,7 @@ class _TritonSink(ResponseSink):
     def __init__(self, adapter: "_Adapter", request):
         self.adapter = adapter
         self.sender = request.get_response_sender()   # outlives the request; the request does not
+        self.wanted = set(request.requested_output_names())
         self.done = False
         self.lock = STUB_LOCK
 
@@ -52,7 +53,7 @@ class _TritonSink(ResponseSink):
             if self.done:
                 return
             self.done = final
-            response = pb.InferenceResponse(output_tensors=self.adapter.output_tensors(outputs))
+            response = pb.InferenceResponse(output_tensors=self.adapter.output_tensors(outputs, self.wanted))
             self.sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
     def error(self, exc: BaseException) -> None:
@@ -123,9 +124,12 @@ class _Adapter:
         # a decoupled step asks its sink (the response sender outlives the request) instead
         return Request(tensors, request.request_id(), None if self.step_cls.decoupled else request.is_cancelled)
 
-    def output_tensors(self, outputs: dict[str, Any]) -> list:
+    def output_tensors(self, outputs: dict[str, Any], wanted: set[str]) -> list:
+        """The requested outputs only. The 2.51 stub drops unrequested ones itself, but a decoupled
+        send does that with the GIL released: a BYTES tensor dropped there frees its serialized
+        numpy buffer without the GIL while the step's other threads run Python."""
         return [_to_triton_tensor(self.pb_utils, name, value[None] if self.batched else value)
-                for name, value in outputs.items()]
+                for name, value in outputs.items() if name in wanted]
 
     # -- execution ----------------------------------------------------------------------------
     def execute(self, requests):
@@ -154,14 +158,15 @@ class _Adapter:
             self._log_unexpected(exc)
             results = iter([exc] * len(good))
         responses = []
-        for p in parsed:
+        for r, p in zip(requests, parsed):
             result = p if isinstance(p, BaseException) else next(results)
             if isinstance(result, BaseException):
                 self._log_unexpected(result)
                 responses.append(pb.InferenceResponse(error=to_triton_error(result, pb)))
             else:
                 try:
-                    responses.append(pb.InferenceResponse(output_tensors=self.output_tensors(result)))
+                    wanted = set(r.requested_output_names())
+                    responses.append(pb.InferenceResponse(output_tensors=self.output_tensors(result, wanted)))
                 except Exception as exc:  # noqa: BLE001
                     self._log_unexpected(exc)
                     responses.append(pb.InferenceResponse(error=to_triton_error(exc, pb)))
