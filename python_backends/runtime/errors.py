@@ -33,3 +33,21 @@ def to_triton_error(exc: BaseException, pb_utils):
     code = next((c for cls, c in codes.items() if isinstance(exc, cls)), pb_utils.TritonError.INTERNAL)
     msg = str(exc) if code != pb_utils.TritonError.INTERNAL else f"{type(exc).__name__}: {exc}"
     return pb_utils.TritonError(msg, code)
+
+
+def forget_traceback(exc: BaseException) -> None:
+    """Drop the tracebacks of `exc` and of the exceptions chained to it, once it has been logged.
+
+    A step keeps per-request exceptions in a list. A traceback holds the frames it passed and, on
+    CPython >= 3.11, their callers' frames, one of which holds that list: a reference cycle that only
+    the garbage collector frees, keeping Triton's request objects alive meanwhile. When that collection
+    came at the stub's exit, after its shared memory was unmapped, the stub crashed (a pre step's:
+    SIGSEGV in an InferRequest destructor called from Py_FinalizeEx)."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from python_backends.runtime.errors import InvalidInput, to_triton_error
+from python_backends.runtime.errors import InvalidInput, forget_traceback, to_triton_error
 from python_backends.runtime.params import parse_params
 from python_backends.runtime.step import Request, ResponseSink, Step, StepContext
 
@@ -162,6 +162,7 @@ class _Adapter:
             result = p if isinstance(p, BaseException) else next(results)
             if isinstance(result, BaseException):
                 self._log_unexpected(result)
+                forget_traceback(result)
                 responses.append(pb.InferenceResponse(error=to_triton_error(result, pb)))
             else:
                 try:
