@@ -7,6 +7,7 @@ per-request Triton errors so that one bad request never fails the others in its 
 """
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import traceback
@@ -179,6 +180,11 @@ class _Adapter:
 
     def finalize(self) -> None:
         self.step.close()
+        # Free what the step's reference cycles hold (response senders, metric families, requests)
+        # now, while the stub can still release them. Left to the collection at interpreter exit,
+        # after the stub has unmapped its shared memory, each crashed the stub (SIGSEGV).
+        self.step = None
+        gc.collect()
 
 
 def triton_model(step_cls: type[Step]) -> type:
