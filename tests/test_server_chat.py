@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from client import ChatClient
 from client.tensors import make_inputs
+from client.triton import is_final_response
 from tests.conftest import rounds_until_batched, running_server
 
 pytestmark = pytest.mark.server
@@ -209,7 +210,7 @@ def _stream(server, model: str, values: dict, wanted: list[str] | None = None) -
             return
         response = result.get_response()
         got.append({o.name: result.as_numpy(o.name) for o in response.outputs})
-        if response.parameters["triton_final_response"].bool_param:
+        if is_final_response(response):
             done.set()
 
     client.start_stream(callback=callback)

@@ -40,9 +40,10 @@ def forget_traceback(exc: BaseException) -> None:
 
     A step keeps per-request exceptions in a list. A traceback holds the frames it passed and, on
     CPython >= 3.11, their callers' frames, one of which holds that list: a reference cycle that only
-    the garbage collector frees, keeping Triton's request objects alive meanwhile. When that collection
-    came at the stub's exit, after its shared memory was unmapped, the stub crashed (a pre step's:
-    SIGSEGV in an InferRequest destructor called from Py_FinalizeEx)."""
+    the garbage collector frees, keeping Triton's request objects alive meanwhile, to be destroyed by
+    a collection on whichever thread triggers it. At the stub's exit that crashed it (a pre step's:
+    SIGSEGV in an InferRequest destructor called from Py_FinalizeEx; the adapter's finalize now
+    collects before exit too); without the cycle they go when the execute that held them returns."""
     todo, seen = [exc], set()
     while todo:
         e = todo.pop()
