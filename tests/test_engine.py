@@ -153,14 +153,28 @@ def test_prefill_graph_inputs_pack_prompts_then_padding(folder):
     engine._drain_inbox()
     seqs = engine.scheduler.schedule().seqs
     runner, t = engine.runner, 16
-    T, S = runner.prefill_sizes[-1], runner.config.max_num_seqs
+    S = runner.config.max_num_seqs
     meta = runner._prefill_inputs(seqs, t)
-    ids, pos, slots, last, cu = meta[:t], meta[T:T + t], meta[2 * T:2 * T + t], meta[3 * T:3 * T + S], meta[3 * T + S:]
+    runner.prefill_meta = torch.zeros(3 * runner.prefill_sizes[-1] + 2 * S + 2, dtype=torch.int64)
+    runner.prefill_meta[:len(meta)] = meta
+    ids, pos, slots, last, cu = runner._prefill_views(t)
     assert ids[:7].tolist() == [5, 6, 7, 8, 9, 40, 41] and pos[:7].tolist() == [0, 1, 2, 3, 4, 0, 1]
     b0, b1 = seqs[0].block_table, seqs[1].block_table
     assert slots[:7].tolist() == [b0[0] * 4, b0[0] * 4 + 1, b0[0] * 4 + 2, b0[0] * 4 + 3, b0[1] * 4, b1[0] * 4, b1[0] * 4 + 1]
-    assert (slots[7:] == -1).all() and (meta[2 * T + t:3 * T] == -1).all()
+    assert (slots[7:] == -1).all() and len(meta) == 3 * t + 2 * S + 2
     assert last[:2].tolist() == [4, 6] and cu.tolist() == [0, 5, 7] + [t] * (S - 1)
+
+
+def test_prefill_graphs_reach_the_largest_step_and_no_further():
+    """Prefill buckets are captured up to the first that holds the largest step the scheduler can form
+    (its token budget, or one prompt of max_model_len): a longer list costs no capture or memory."""
+    buckets = [16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768]
+    sizes = lambda **kw: EngineConfig(cuda_graph_prefill_tokens=buckets, **kw).prefill_graph_sizes()  # noqa: E731
+    assert sizes(max_num_batched_tokens=8192, max_model_len=2048) == buckets[:7]
+    assert sizes(max_num_batched_tokens=5000, max_model_len=2048) == buckets[:7]
+    assert sizes(max_num_batched_tokens=512, max_model_len=20000) == buckets
+    assert sizes(max_num_batched_tokens=100, max_model_len=50) == [16, 64, 256]
+    assert EngineConfig(cuda_graph_prefill_tokens=[64, 16, 0]).prefill_graph_sizes() == [16, 64]
 
 
 def test_one_abort_request_names_several_streams():

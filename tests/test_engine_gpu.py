@@ -60,15 +60,18 @@ def test_bf16_graphs_run_and_stop_on_device(tiny_checkpoints):
     assert out == free[:free.index(stop)]
 
 
-def test_prefill_graph_equals_eager_prefill_and_writes_only_the_prompts_slots(tiny_checkpoints):
-    """bf16 (the varlen kernel's types): three prompts (37 tokens) replayed in the 64-token prefill
-    graph give the eager prefill's last hidden states and the same cache rows for their slots; the
-    27 padding tokens write no slot."""
-    e = engine(tiny_checkpoints["qwen3"], eager=False, dtype=torch.bfloat16, cuda_graph_prefill_tokens=[16, 64])
+@pytest.mark.parametrize("buckets,max_model_len", [([16, 64], 256), ([16, 128], 48)])
+def test_prefill_graph_equals_eager_prefill_and_writes_only_the_prompts_slots(tiny_checkpoints, buckets, max_model_len):
+    """bf16 (the varlen kernel's types): three prompts (37 tokens) replayed in a prefill graph give
+    the eager prefill's last hidden states and the same cache rows for their slots; the padding
+    tokens (27, or 91: longer than any prompt may be, so attention leaves most of them unwritten)
+    write no slot."""
+    e = engine(tiny_checkpoints["qwen3"], eager=False, dtype=torch.bfloat16, cuda_graph_prefill_tokens=buckets,
+               max_model_len=max_model_len)
     r = e.runner
     assert r.use_prefill_graphs
     r.capture_graphs()
-    assert sorted(r.prefill_graphs) == [16, 64]
+    assert sorted(r.prefill_graphs) == buckets
     for p in PROMPTS[:3]:
         e.add(p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     e._drain_inbox()

@@ -126,7 +126,7 @@ class ModelRunner:
         self.graph_pool = None
         # prefill as CUDA graphs, one per token-count bucket (_prefill_graph); their static inputs, laid
         # out in `_prefill_inputs`, are allocated with the first capture
-        self.prefill_sizes = sorted({t for t in config.cuda_graph_prefill_tokens if t > 0})
+        self.prefill_sizes = config.prefill_graph_sizes()
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.prefill_meta: torch.Tensor | None = None         # ids, positions, slots, last index, cu_seqlens
         self.prefill_embeds: torch.Tensor | None = None       # a frame model's input embeddings
@@ -297,33 +297,44 @@ class ModelRunner:
     # padding tokens form one more sequence (causal attention within each packed sequence keeps them
     # away from the prompts; their cache slot is -1: never written); unused sequence slots are empty.
     def _prefill_inputs(self, seqs: list[Sequence], t: int) -> torch.Tensor:
-        """The host copy of `prefill_meta` for these prompts in bucket `t` (see `_prefill_views`)."""
-        T, S = self.prefill_sizes[-1], self.config.max_num_seqs
-        meta = torch.zeros(3 * T + 2 * S + 2, dtype=torch.int64)
-        meta[2 * T:3 * T] = -1                                   # padding writes no cache slot
-        meta[3 * T + S:] = t                                     # the padding sequence ends at t
+        """The host copy of bucket `t`'s part of `prefill_meta` for these prompts (see `_prefill_views`)."""
+        S = self.config.max_num_seqs
+        meta = torch.zeros(3 * t + 2 * S + 2, dtype=torch.int64)
+        meta[2 * t:3 * t] = -1                                   # padding writes no cache slot
+        meta[3 * t + S:] = t                                     # the padding sequence ends at t
         if seqs:
             ids, pos, slots, cu = self._pack(seqs)
             total, n = int(cu[-1]), len(seqs)
             if ids is not None:
                 meta[:total] = ids
-            meta[T:T + total] = pos
-            meta[2 * T:2 * T + total] = slots
-            meta[3 * T:3 * T + n] = cu[1:] - 1
-            meta[3 * T + S:3 * T + S + n + 1] = cu
+            meta[t:t + total] = pos
+            meta[2 * t:2 * t + total] = slots
+            meta[3 * t:3 * t + n] = cu[1:] - 1
+            meta[3 * t + S:3 * t + S + n + 1] = cu
         else:
-            meta[3 * T + S] = 0
+            meta[3 * t + S] = 0
         return meta
 
+    def _load_prefill_inputs(self, seqs: list[Sequence], t: int) -> None:
+        meta = self._prefill_inputs(seqs, t)
+        self.prefill_meta[:len(meta)].copy_(self.upload(meta))
+
     def _prefill_views(self, t: int) -> tuple[torch.Tensor, ...]:
-        T, S, m = self.prefill_sizes[-1], self.config.max_num_seqs, self.prefill_meta
-        return m[:t], m[T:T + t], m[2 * T:2 * T + t], m[3 * T:3 * T + S], m[3 * T + S:]
+        """Bucket `t`'s static inputs, laid out from the start of `prefill_meta` (each graph reads its own
+        offsets): ids, positions and cache slots [t], each prompt's last index [S], cu_seqlens [S + 2].
+        A step thus builds and uploads 3t + 2S + 2 numbers, not the largest bucket's."""
+        S, m = self.config.max_num_seqs, self.prefill_meta
+        return m[:t], m[t:2 * t], m[2 * t:3 * t], m[3 * t:3 * t + S], m[3 * t + S:3 * t + 2 * S + 2]
 
     def _prefill_body(self, t: int) -> torch.Tensor:
         """Forward of bucket `t` from the static inputs; the hidden states at each prompt's last token [S, H]."""
         ids, pos, slots, last, cu = self._prefill_views(t)
+        # attention's grid covers max_seqlen rows of every packed sequence: bounded by the longest prompt,
+        # not by the bucket (a 32K-token bucket with 64 prompt slots would launch ~260K blocks a layer,
+        # nearly all empty). Padding rows past it are left unwritten: their sequence is its own, so
+        # nothing real reads them, and their cache slots are -1.
         ctx = ForwardContext(is_prefill=True, slot_mapping=slots, state_slots=self.first_rows[:self.config.max_num_seqs],
-                             cu_seqlens=cu.int(), max_seqlen=t)
+                             cu_seqlens=cu.int(), max_seqlen=min(t, self.config.max_model_len))
         return self.model(self.prefill_embeds[:t] if self.frame_model else ids, pos, ctx)[last]
 
     def _prefill_graph(self, t: int) -> torch.cuda.CUDAGraph:
@@ -334,7 +345,7 @@ class ModelRunner:
                                                 dtype=torch.int64, device=self.device)
                 if self.frame_model:
                     self.prefill_embeds = self.first_hidden.new_zeros((self.prefill_sizes[-1], self.first_hidden.shape[-1]))
-            self.prefill_meta.copy_(self._prefill_inputs([], t))
+            self._load_prefill_inputs([], t)
             torch.cuda.synchronize(self.device)
             warm = self._prefill_body(t)
             if self.first_hidden is None:               # a text model's: as wide as its hidden states
@@ -373,7 +384,7 @@ class ModelRunner:
         if t in self.prefill_graphs:
             if self.frame_model:
                 self.prefill_embeds[:total].copy_(self.model.prefill_embeds([s.prompt for s in seqs]))
-            self.prefill_meta.copy_(self.upload(self._prefill_inputs(seqs, t)))
+            self._load_prefill_inputs(seqs, t)
             self.prefill_graphs[t].replay()
             hidden = self.first_hidden[:n]                       # written by the graph
         else:
