@@ -32,7 +32,7 @@ class EngineConfig:
         step (a bucket past it would only cost capture time and graph memory)."""
         sizes = sorted({t for t in self.cuda_graph_prefill_tokens if t > 0})
         largest = max(self.max_num_batched_tokens, self.max_model_len)
-        return [t for i, t in enumerate(sizes) if i == 0 or sizes[i - 1] < largest]
+        return [t for t in sizes if t < largest] + [t for t in sizes if t >= largest][:1]
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_model_len < 2 or self.block_size < 1:
