@@ -155,9 +155,7 @@ def test_prefill_graph_inputs_pack_prompts_then_padding(folder):
     runner, t = engine.runner, 16
     S = runner.config.max_num_seqs
     meta = runner._prefill_inputs(seqs, t)
-    runner.prefill_meta = torch.zeros(3 * runner.prefill_sizes[-1] + 2 * S + 2, dtype=torch.int64)
-    runner.prefill_meta[:len(meta)] = meta
-    ids, pos, slots, last, cu = runner._prefill_views(t)
+    ids, pos, slots, last, cu = runner._prefill_layout(meta, t)
     assert ids[:7].tolist() == [5, 6, 7, 8, 9, 40, 41] and pos[:7].tolist() == [0, 1, 2, 3, 4, 0, 1]
     b0, b1 = seqs[0].block_table, seqs[1].block_table
     assert slots[:7].tolist() == [b0[0] * 4, b0[0] * 4 + 1, b0[0] * 4 + 2, b0[0] * 4 + 3, b0[1] * 4, b1[0] * 4, b1[0] * 4 + 1]

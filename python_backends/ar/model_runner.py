@@ -296,39 +296,39 @@ class ModelRunner:
     # prompts are packed into the smallest bucket of `cuda_graph_prefill_tokens` that holds them; the
     # padding tokens form one more sequence (causal attention within each packed sequence keeps them
     # away from the prompts; their cache slot is -1: never written); unused sequence slots are empty.
-    def _prefill_inputs(self, seqs: list[Sequence], t: int) -> torch.Tensor:
-        """The host copy of bucket `t`'s part of `prefill_meta` for these prompts (see `_prefill_views`)."""
+    def _prefill_layout(self, m: torch.Tensor, t: int) -> tuple[torch.Tensor, ...]:
+        """Bucket `t`'s static inputs as views of `m` (the device buffer or its host copy), laid out from
+        its start (each graph reads its own offsets): ids, positions and cache slots [t], each prompt's
+        last index [S], cu_seqlens [S + 2]. A step thus builds and uploads 3t + 2S + 2 numbers, not the
+        largest bucket's."""
         S = self.config.max_num_seqs
-        meta = torch.zeros(3 * t + 2 * S + 2, dtype=torch.int64)
-        meta[2 * t:3 * t] = -1                                   # padding writes no cache slot
-        meta[3 * t + S:] = t                                     # the padding sequence ends at t
+        return m[:t], m[t:2 * t], m[2 * t:3 * t], m[3 * t:3 * t + S], m[3 * t + S:3 * t + 2 * S + 2]
+
+    def _prefill_inputs(self, seqs: list[Sequence], t: int) -> torch.Tensor:
+        """The host copy of bucket `t`'s part of `prefill_meta` for these prompts."""
+        meta = torch.zeros(3 * t + 2 * self.config.max_num_seqs + 2, dtype=torch.int64)
+        ids, pos, slots, last, cu = self._prefill_layout(meta, t)
+        slots.fill_(-1)                                          # padding writes no cache slot
+        cu.fill_(t)                                              # the padding sequence ends at t
+        cu[0] = 0
         if seqs:
-            ids, pos, slots, cu = self._pack(seqs)
-            total, n = int(cu[-1]), len(seqs)
-            if ids is not None:
-                meta[:total] = ids
-            meta[t:t + total] = pos
-            meta[2 * t:2 * t + total] = slots
-            meta[3 * t:3 * t + n] = cu[1:] - 1
-            meta[3 * t + S:3 * t + S + n + 1] = cu
-        else:
-            meta[3 * t + S] = 0
+            packed_ids, packed_pos, packed_slots, packed_cu = self._pack(seqs)
+            total, n = int(packed_cu[-1]), len(seqs)
+            if packed_ids is not None:
+                ids[:total] = packed_ids
+            pos[:total] = packed_pos
+            slots[:total] = packed_slots
+            last[:n] = packed_cu[1:] - 1
+            cu[:n + 1] = packed_cu
         return meta
 
     def _load_prefill_inputs(self, seqs: list[Sequence], t: int) -> None:
         meta = self._prefill_inputs(seqs, t)
         self.prefill_meta[:len(meta)].copy_(self.upload(meta))
 
-    def _prefill_views(self, t: int) -> tuple[torch.Tensor, ...]:
-        """Bucket `t`'s static inputs, laid out from the start of `prefill_meta` (each graph reads its own
-        offsets): ids, positions and cache slots [t], each prompt's last index [S], cu_seqlens [S + 2].
-        A step thus builds and uploads 3t + 2S + 2 numbers, not the largest bucket's."""
-        S, m = self.config.max_num_seqs, self.prefill_meta
-        return m[:t], m[t:2 * t], m[2 * t:3 * t], m[3 * t:3 * t + S], m[3 * t + S:3 * t + 2 * S + 2]
-
     def _prefill_body(self, t: int) -> torch.Tensor:
         """Forward of bucket `t` from the static inputs; the hidden states at each prompt's last token [S, H]."""
-        ids, pos, slots, last, cu = self._prefill_views(t)
+        ids, pos, slots, last, cu = self._prefill_layout(self.prefill_meta, t)
         # attention's grid covers max_seqlen rows of every packed sequence: bounded by the longest prompt,
         # not by the bucket (a 32K-token bucket with 64 prompt slots would launch ~260K blocks a layer,
         # nearly all empty). Padding rows past it are left unwritten: their sequence is its own, so
