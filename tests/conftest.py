@@ -100,6 +100,7 @@ def assert_int16_equal(a, b) -> None:
     (They once differed by 1 LSB in ~1 of 3 runs on a loaded CPU: SNAC's rounding depended on torch's
     intra-op thread count, which tts/chunking.bit_stable_on_cpu now fixes at one for such codecs.)"""
     a, b = (np.frombuffer(v, "<i2") if isinstance(v, bytes) else np.asarray(v) for v in (a, b))
-    assert a.shape == b.shape
+    assert a.shape == b.shape, f"{a.shape} samples against {b.shape}"
     diff = np.abs(a.astype(int) - b.astype(int))
-    assert diff.max() == 0, f"{(diff > 0).sum()} samples differ, by up to {diff.max()}"
+    assert diff.max() == 0, (f"{(diff > 0).sum()} of {diff.size} samples differ, by up to {diff.max()}, "
+                             f"the first at {np.argmax(diff > 0)}")

@@ -38,7 +38,7 @@ from python_backends.tts.chatterbox_s3gen import S3Gen
 from python_backends.tts.chatterbox_steps import (ChatterboxPre, ChatterboxPreParams, ChatterboxS3Gen,
                                                   ChatterboxS3GenParams, ChatterboxT3, ChatterboxT3Params)
 from python_backends.tts.chatterbox_voice import VoiceCloner, ffmpeg_resample, resample
-from tests.conftest import TINY, running_server
+from tests.conftest import TINY, assert_int16_equal, running_server
 from tests.test_tts_orpheus import speech_request
 from tests.test_tts_server import fails_beside, stream_speech
 
@@ -390,7 +390,7 @@ def test_served_wav_equals_in_process_synthesis(server, steps):
     assert (rate, wav_rate, reason) == (RATE, RATE, "length")
     local = synthesize(steps, **values)
     assert len(local) >= 8 * 960 and np.abs(local).max() > 0.05
-    assert np.array_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
+    assert_int16_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
 
 
 @pytest.mark.server
@@ -405,7 +405,7 @@ def test_served_cloned_wav_equals_in_process_synthesis(server, steps):
     back, _ = audio.decode(wav)
     local = synthesize(steps, reference_audio=upload, **values)
     assert (rate, reason) == (RATE, "length") and np.abs(local).max() > 0.05
-    assert np.array_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
+    assert_int16_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
 
 
 @pytest.mark.server

@@ -34,7 +34,7 @@ from python_backends.tts.omnivoice import (Codec, Job, OmniVoiceModel, Settings,
                                            prompt_ids, remove_silence, resample, voice_design)
 from python_backends.tts.omnivoice_steps import (OmniVoiceCodec, OmniVoiceCodecParams, OmniVoiceGenerate,
                                                  OmniVoiceGenerateParams, OmniVoicePre, OmniVoicePreParams)
-from tests.conftest import TINY, rounds_until_batched, running_server
+from tests.conftest import TINY, assert_int16_equal, rounds_until_batched, running_server
 from tests.test_tts_orpheus import speech_request
 from tests.test_tts_qwen3_clone import clip
 from tests.test_tts_server import fails_beside, stream_speech
@@ -367,7 +367,7 @@ def test_served_wav_equals_in_process_synthesis(server, steps):
     back, wav_rate = audio.decode(wav)
     assert (rate, wav_rate, reason) == (RATE, RATE, "stop")
     local = synthesize(steps, **values)
-    assert np.array_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
+    assert_int16_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
     assert np.abs(local).max() == pytest.approx(0.5) and len(local) > RATE
 
 
@@ -378,7 +378,7 @@ def test_served_clone_equals_in_process_synthesis(server, steps):
     back, _ = audio.decode(wav)
     local = synthesize(steps, **values)
     assert (rate, reason) == (RATE, "stop") and len(local) > RATE // 2
-    assert np.array_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
+    assert_int16_equal(np.rint(back * 32768).astype(np.int16), audio.to_pcm16(local))
     assert np.abs(local).max() < 0.5            # a quiet reference's loudness, not the 0.5 peak
 
 
