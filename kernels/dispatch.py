@@ -91,6 +91,13 @@ def qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin
                                         k_cache, v_cache, slot_mapping)
 
 
+def causal_conv1d_prefill(x, weight, positions):
+    ops = _kernel(x)
+    if ops is not None and hasattr(ops, "causal_conv1d_prefill"):
+        return ops.causal_conv1d_prefill(x, weight, positions)
+    return reference.causal_conv1d_prefill(x, weight, positions)
+
+
 def causal_conv1d_update(x, conv_state, weight, slots):
     ops = _kernel(x)
     if ops is not None and hasattr(ops, "causal_conv1d_update"):

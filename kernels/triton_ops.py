@@ -15,6 +15,7 @@ launch (see `_pdl`); TRITON_OMNI_PDL=0 in the environment (or `PDL = False`) tur
     qk_norm_rope_store       per-head RMSNorm of q and k (optional), rotate-half RoPE (partial rotary
                              allowed) and the scatter of k/v into the paged caches (slot -1 skipped), one launch
     causal_conv1d_update     a decode step of the depthwise causal conv + silu, shifting each slot's window
+    causal_conv1d_prefill    the same conv + silu over packed prompts, in one pass (prefill)
     gated_delta_decode       a decode step of Gated DeltaNet (l2-normed q/k, decay, delta-rule state update,
                              read-out) and its gated RMSNorm, one program per (sequence, value head)
     paged_decode_attention   one query token per sequence over its paged context, GQA-grouped and
@@ -539,6 +540,42 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     _conv1d_update_kernel[(B, triton.cdiv(C, BLOCK_C))](
         x, conv_state, weight, y, slots.contiguous(), C, x.stride(0), conv_state.stride(0), conv_state.stride(1),
         weight.stride(0), K=K, BLOCK_C=BLOCK_C, USE_PDL=pdl, num_warps=4, launch_pdl=pdl)
+    return y
+
+
+@triton.jit
+def _conv1d_prefill_kernel(x_ptr, w_ptr, pos_ptr, y_ptr, T, C, stride_xt, stride_wc,
+                           K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    tmask, cmask = t < T, c < C
+    pos = tl.load(pos_ptr + t, mask=tmask, other=0)
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(K):
+        back = K - 1 - j                                            # tap j reads the token `back` rows up
+        valid = tmask & (pos >= back)                               # ... if it is in the same prompt
+        x = tl.load(x_ptr + (t - back).to(tl.int64)[:, None] * stride_xt + c[None, :],
+                    mask=valid[:, None] & cmask[None, :], other=0.0)
+        acc += x.to(tl.float32) * tl.load(w_ptr + c * stride_wc + j, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    h = acc.to(y_ptr.dtype.element_ty).to(tl.float32)               # the conv's output dtype, then silu
+    tl.store(y_ptr + t.to(tl.int64)[:, None] * C + c[None, :], (h / (1.0 + tl.exp(-h))).to(y_ptr.dtype.element_ty),
+             mask=tmask[:, None] & cmask[None, :])
+
+
+def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """x [T, C] (rows may be strided), weight [C, K], positions [T] -> silu(conv) [T, C]: one pass over x
+    (torch's path builds [T, K, C] windows and an einsum: ~9.5 ms a layer for 64 prompts of 512
+    tokens of the Qwen3.5-0.8B shape on an H200)."""
+    T, C = x.shape
+    K = weight.shape[1]
+    assert x.stride(-1) == 1 and weight.stride(-1) == 1 and positions.shape == (T,)
+    y = torch.empty((T, C), dtype=x.dtype, device=x.device)
+    if T == 0:
+        return y
+    BLOCK_T, BLOCK_C = 16, 256
+    _conv1d_prefill_kernel[(triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))](
+        x, weight, positions.contiguous(), y, T, C, x.stride(0), weight.stride(0),
+        K=K, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, num_warps=4)
     return y
 
 

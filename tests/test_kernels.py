@@ -232,6 +232,22 @@ def test_qk_norm_rope_store(dtype, T, Hq, Hk, D, R, norm, block_size):
 # ----------------------------------------------------------------------------- Gated DeltaNet decode
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lens,C,K", [([3, 7], 40, 4), ([2, 19, 1, 33], 300, 4), ([5, 3], 64, 2)])
+def test_causal_conv1d_prefill(dtype, lens, C, K):
+    """Packed prompts (some shorter than the window): no tap crosses into the prompt before."""
+    g = _gen(17)
+    T = sum(lens)
+    x = _randn(T, C + 9, dtype=dtype, gen=g)[:, :C]                  # a strided slice of a projection
+    w = _randn(C, K, dtype=dtype, gen=g)
+    positions = torch.cat([torch.arange(n) for n in lens]).to(DEVICE)
+    out = ops.causal_conv1d_prefill(x, w, positions)
+    _close(out, reference.causal_conv1d_prefill(x, w, positions), TOL[dtype])
+    second = slice(lens[0], lens[0] + lens[1])
+    alone = ops.causal_conv1d_prefill(x[second], w, torch.arange(lens[1], device=DEVICE))
+    assert torch.equal(alone, out[second])                          # the second prompt as if alone
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,C,K", [(1, 40, 4), (5, 300, 4), (3, 64, 2)])
 def test_causal_conv1d_update(dtype, B, C, K):
     g = _gen(13)

@@ -164,18 +164,15 @@ class Qwen3_5GatedDeltaNet(nn.Module):
 
     def _prefill_conv(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """silu(causal depthwise conv) of the packed prompts x [T, conv_dim]; keeps each prompt's last window."""
-        K = self.kernel_size
-        # every token's window of K inputs ending at itself; taps before its prompt's start
-        # (position < 0) are zero, so packed prompts do not see each other
-        offsets = torch.arange(1 - K, 1, device=x.device)
-        rows = torch.arange(x.shape[0], device=x.device)[:, None] + offsets          # [T, K]
-        valid = (positions[:, None] + offsets >= 0).to(x.dtype)
-        windows = x[rows.clamp(min=0)] * valid[..., None]                            # [T, K, C]
-        # a prompt's last window minus its oldest tap is what its first decode step extends;
+        # a prompt's last K - 1 inputs (zeros before its start) are what its first decode step extends;
         # copied whole, so a reused slot keeps nothing of its previous request
         last = ctx.cu_seqlens[1:].long() - 1
-        self.conv_state.index_copy_(0, ctx.state_slots, windows[last, 1:].transpose(1, 2).to(self.conv_state.dtype))
-        return F.silu(torch.einsum("tkc,ck->tc", windows, self.conv1d.weight[:, 0]))
+        offsets = torch.arange(2 - self.kernel_size, 1, device=x.device)
+        rows = last[:, None] + offsets                                               # [S, K - 1]
+        valid = (positions[last][:, None] + offsets >= 0).to(x.dtype)
+        window = x[rows.clamp(min=0)] * valid[..., None]                             # [S, K - 1, C]
+        self.conv_state.index_copy_(0, ctx.state_slots, window.transpose(1, 2).to(self.conv_state.dtype))
+        return dispatch.causal_conv1d_prefill(x, self.conv1d.weight[:, 0], positions)
 
     @property
     def first_proj(self) -> MergedLinear:
