@@ -5,6 +5,7 @@ The engine turns kernels on for CUDA (`enable(True)`); CPU runs always take the 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +111,29 @@ def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weig
     if ops is not None and hasattr(ops, "gated_delta_decode"):
         return ops.gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weight, eps)
     return reference.gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weight, eps)
+
+
+# The prefill kernels of the delta rule pass their tests (tests/test_kernels.py) but have not been timed
+# against the torch path on the GPU yet: off unless TRITON_OMNI_DELTA_RULE_KERNEL=1 (or this is set).
+DELTA_RULE_KERNEL = os.environ.get("TRITON_OMNI_DELTA_RULE_KERNEL", "0") == "1"
+
+
+def gated_delta_chunks(seq_lens: list[int], device):
+    """How gated_delta_prefill cuts the packed prompts of `seq_lens` into chunks (the torch path's
+    ChunkLayout or the kernels' GatedDeltaChunks); the same for every layer of a forward."""
+    if _enabled and DELTA_RULE_KERNEL and torch.device(device).type == "cuda":
+        import kernels.triton_ops as ops
+
+        return ops.GatedDeltaChunks.build(seq_lens, device)
+    return reference.ChunkLayout.build(seq_lens, reference.DELTA_CHUNK, device)
+
+
+def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks):
+    if isinstance(chunks, reference.ChunkLayout):
+        return reference.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks)
+    import kernels.triton_ops as ops
+
+    return ops.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len):

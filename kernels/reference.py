@@ -1,6 +1,8 @@
 """Torch reference implementations: the definition of what each kernel must compute."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -103,9 +105,8 @@ def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weig
     Each key head serves Hv / Hk consecutive value heads. Returns [B, Hv, dv] in v's dtype."""
     Hv, dk = v.shape[1], q.shape[-1]
     rep = Hv // q.shape[1]
-    l2 = lambda x: x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)           # noqa: E731
-    qf = (l2(q.float()) * dk ** -0.5).repeat_interleave(rep, dim=1)
-    kf = l2(k.float()).repeat_interleave(rep, dim=1)
+    qf = (l2norm(q.float()) * dk ** -0.5).repeat_interleave(rep, dim=1)
+    kf = l2norm(k.float()).repeat_interleave(rep, dim=1)
     beta = b.sigmoid().float()
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
     s = state[slots] * g.exp()[..., None, None]
@@ -114,6 +115,130 @@ def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weig
     state[slots] = s
     o = torch.einsum("bhk,bhkv->bhv", qf, s).to(v.dtype)
     return (rms_norm(o, norm_weight, eps).float() * F.silu(z.float())).to(v.dtype)
+
+
+# ----------------------------------------------------------- Gated DeltaNet prefill (chunked delta rule)
+
+DELTA_CHUNK = 64    # tokens per chunk of the delta rule's prefill (as the reference implementations)
+
+
+def upload(host: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device`; to a GPU from pinned memory, so the copy need not wait for the kernels
+    already queued (the engine's step in flight)."""
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+@dataclass
+class ChunkLayout:
+    """Where packed tokens go for the chunked delta rule: sequences sorted longest first (stable),
+    their chunks of `chunk_size` tokens listed step by step: chunk 0 of every sequence, then chunk 1
+    of those that have one, and so on. So the sequences still running at step m are the first
+    active[m] in that order and their chunks are consecutive, with no empty chunk anywhere."""
+    gather: torch.Tensor          # [N * chunk_size]: each chunk slot's packed token, T for a slot past its sequence's end
+    scatter: torch.Tensor         # [T]: each packed token's chunk slot
+    unsort: torch.Tensor          # [S]: each sequence's place in the longest-first order
+    active: list[int]             # per step, sequences with a chunk at it (host)
+    chunk_size: int
+
+    @classmethod
+    def build(cls, seq_lens: list[int], chunk_size: int, device) -> "ChunkLayout":
+        lens = torch.tensor(seq_lens)
+        order = torch.sort(lens, descending=True, stable=True).indices
+        chunks = -(-lens[order] // chunk_size)                                   # per sequence, longest first
+        has = chunks[None, :] > torch.arange(int(chunks[0]))[:, None]            # [step, sequence]
+        step, j = has.nonzero(as_tuple=True)                                     # step by step, longest first
+        seq = order[j]
+        pos = step[:, None] * chunk_size + torch.arange(chunk_size)              # [N, C] position in its sequence
+        real = pos < lens[seq][:, None]
+        T = int(lens.sum())
+        gather = torch.where(real, (lens.cumsum(0) - lens)[seq][:, None] + pos, T).flatten()
+        real = real.flatten()
+        scatter = torch.empty(T, dtype=torch.long)
+        scatter[gather[real]] = torch.arange(gather.numel())[real]
+        unsort = torch.empty_like(order)
+        unsort[order] = torch.arange(len(order))
+        sizes = [len(gather), T, len(unsort)]
+        gather, scatter, unsort = upload(torch.cat([gather, scatter, unsort]), device).split(sizes)
+        return cls(gather, scatter, unsort, has.sum(1).tolist(), chunk_size)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, layout: ChunkLayout):
+    """The delta rule over packed sequences that each start from an empty state (all fp32).
+
+    q, k: [T, H, dk]; v: [T, H, dv]; g (log decay), beta: [T, H]; `layout`: the packed sequences'
+    ChunkLayout. Returns (outputs [T, H, dv], each sequence's state after its last
+    token [S, H, dk, dv]).
+
+    Slots past a sequence's end hold zeros, which leave the state as it is (k = 0, beta = 0, no
+    decay). Within a chunk, with G_t = g_1 + ... + g_t (Gamma_t = exp(G_t): the decay since the
+    chunk start) and S the state before it, the recurrence unrolls to
+        (I + A) U = beta V - beta Gamma K S,   A[t, s] = beta_t (k_t . k_s) Gamma_t / Gamma_s  (s < t)
+        O = (Gamma Q) S + (Q K^T * D) U,      D[t, s] = Gamma_t / Gamma_s                     (s <= t)
+        S' = Gamma_n S + (K * Gamma_n / Gamma)^T U
+    All that does not depend on S is computed for every chunk at once: U = Wv - Wk S with
+    (I + A) [Wv | Wk] = [beta V | beta Gamma K] (one triangular solve), and O = O0 + E S with
+    O0 = (Q K^T * D) Wv, E = Gamma Q - (Q K^T * D) Wk. What is left is a scan over the chunk index,
+    all running sequences at once: four batched products per step, whatever the number of sequences.
+    """
+    T, H, dk = k.shape
+    dv, C = v.shape[-1], layout.chunk_size
+    packed = q.new_empty(T + 1, H, 2 * dk + dv + 2)         # row T: zeros, for slots past a sequence's end
+    torch.cat([q, k, v, g[..., None], beta[..., None]], dim=-1, out=packed[:T])
+    packed[T] = 0
+    chunks = packed[layout.gather].view(-1, C, H, packed.shape[-1]).transpose(1, 2)            # [N, H, C, .]
+    del packed                                          # (a large prefill's tensors are GBs: free early)
+    qc, kc, vc, gc, bc = chunks.split([dk, dk, dv, 1, 1], dim=-1)
+    G = gc.cumsum(-2)                                                                           # [N, H, C, 1]
+    gamma = G.exp()
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    # decay between token s and token t; masked before exp so the upper triangle cannot overflow
+    D = (G - G.transpose(-1, -2)).masked_fill(~causal, float("-inf")).exp()                    # [N, H, C, C]
+    A = bc * (kc @ kc.transpose(-1, -2)) * D            # only its strict lower triangle is read
+    W = torch.linalg.solve_triangular(A, torch.cat([bc * vc, bc * gamma * kc], dim=-1), upper=False,
+                                      unitriangular=True)
+    Wv, Wk = W.split([dv, dk], dim=-1)
+    P = (qc @ kc.transpose(-1, -2)) * D
+    out = P @ Wv                                        # O0, then O: written step by step below
+    E = qc * gamma - P @ Wk                                                                     # [N, H, C, dk]
+    last = G[:, :, -1:]                                                                         # [N, H, 1, 1]
+    KG = (kc * (last - G).exp()).transpose(-1, -2)                                              # [N, H, dk, C]
+    decay = last.exp()
+    S = len(layout.unsort)
+    final = q.new_empty(S, H, dk, dv)                   # longest-first order
+    state, running, first = q.new_zeros(S * H, dk, dv), S, 0
+    for a in layout.active:
+        if a < running:                                 # sequences a..running-1 ended at the last step
+            final[a:running] = state[a * H:].view(-1, H, dk, dv)
+            state, running = state[:a * H], a
+        rows = slice(first, first + a)
+        U = torch.baddbmm(Wv[rows].reshape(a * H, C, dv), Wk[rows].reshape(a * H, C, dk), state, alpha=-1)
+        o = out[rows].view(a * H, C, dv)
+        o.baddbmm_(E[rows].reshape(a * H, C, dk), state)
+        state = torch.baddbmm(state * decay[rows].reshape(a * H, 1, 1), KG[rows].reshape(a * H, dk, C), U)
+        first += a
+    final[:running] = state.view(running, H, dk, dv)
+    rows = out.transpose(1, 2).reshape(-1, H, dv)                                               # slot order
+    return rows[layout.scatter], final[layout.unsort]
+
+
+def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, layout: ChunkLayout):
+    """Gated DeltaNet over packed prompts, each from an empty state (Qwen3.5's linear attention in
+    prefill). q, k [T, Hk, dk], v [T, Hv, dv]: conv outputs, model dtype; a, b [T, Hv]: the decay and
+    write-strength projections; `layout`: the prompts' ChunkLayout. Each key head serves Hv / Hk
+    consecutive value heads. Returns (outputs [T, Hv, dv], each prompt's last state [S, Hv, dk, dv]),
+    both fp32. The delta rule runs in fp32 on unit-length q/k (q also scaled by 1/sqrt(dk))."""
+    dk, rep = q.shape[-1], v.shape[1] // q.shape[1]
+    q = (l2norm(q.float()) * dk ** -0.5).repeat_interleave(rep, dim=1)
+    k = l2norm(k.float()).repeat_interleave(rep, dim=1)
+    beta = b.sigmoid().float()                                                     # write strength in (0, 1)
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())             # log decay <= 0
+    return chunk_gated_delta_rule(q, k, v.float(), g, beta, layout)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -18,6 +18,9 @@ launch (see `_pdl`); TRITON_OMNI_PDL=0 in the environment (or `PDL = False`) tur
     causal_conv1d_prefill    the same conv + silu over packed prompts, in one pass (prefill)
     gated_delta_decode       a decode step of Gated DeltaNet (l2-normed q/k, decay, delta-rule state update,
                              read-out) and its gated RMSNorm, one program per (sequence, value head)
+    gated_delta_prefill      Gated DeltaNet over packed prompts (the chunked delta rule): one program per
+                             (chunk, value head) for what a chunk gives alone, one per (prompt, value head,
+                             value block) for the scan over its chunks
     paged_decode_attention   one query token per sequence over its paged context, GQA-grouped and
                              split across programs (flash-decoding) with a fixed number of splits
     argmax                   the first index of each row's maximum (greedy sampling over the vocabulary)
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -645,6 +649,168 @@ def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weig
         launch_pdl=pdl,
     )
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Gated DeltaNet prefill: the chunked delta rule in two kernels
+# --------------------------------------------------------------------------------------------------
+#
+# kernels.reference.chunk_gated_delta_rule defines the algorithm. Its torch form packs the chunks into
+# padded [N, H, C, .] tensors, solves N*H unit-triangular systems and scans the chunks step by step,
+# several launches a step: for one 512-token prompt of the Qwen3.5-0.8B shape ~90 torch ops a layer
+# (counted with torch's profiler on a CPU), and at 64 prompts most of its GPU time goes to the copies
+# that pack and unpack. Here the chunks are read where they lie in the
+# packed rows (chunk m of prompt s starts at token cu[s] + m * C), numbered prompt by prompt:
+#   _gated_delta_chunk_kernel  program (chunk, value head): all that the chunk's own tokens give, from
+#       the raw conv outputs and projections (l2-normed q/k, beta, g): the cumulative log decay G,
+#       (I + A)^-1 by forward substitution, Wv, Wk, O0 (written to the output rows), E, KG and the
+#       chunk's total decay, into per-chunk buffers padded to BLOCK_K / BLOCK_V columns (zeros).
+#   _gated_delta_scan_kernel   program (prompt, value head, block of dv): the prompt's chunks in order
+#       with its state block in registers: O += E S, U = Wv - Wk S, S = decay S + KG^T U; the last S.
+# Products are fp32 at full precision (no tf32), as the torch path's.
+
+@triton.jit
+def _gated_delta_chunk_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cu_ptr, first_ptr, seq_ptr,
+    wv_ptr, wk_ptr, e_ptr, kg_ptr, decay_ptr, o_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_bt, stride_ot, stride_oh,
+    H, DK, DV, REP, q_scale,
+    C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.load(seq_ptr + n)
+    start = tl.load(cu_ptr + s) + (n - tl.load(first_ptr + s)) * C
+    t = tl.arange(0, C)
+    valid = start + t < tl.load(cu_ptr + s + 1)
+    rows = (start + t).to(tl.int64)
+    kd, vd = tl.arange(0, BLOCK_K), tl.arange(0, BLOCK_V)
+    kmask, vmask = valid[:, None] & (kd < DK)[None, :], valid[:, None] & (vd < DV)[None, :]
+    hk = h // REP
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + hk * stride_qh + kd[None, :], mask=kmask, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + rows[:, None] * stride_kt + hk * stride_kh + kd[None, :], mask=kmask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + rows[:, None] * stride_vt + h * stride_vh + vd[None, :], mask=vmask, other=0.0).to(tl.float32)
+    q = q * (tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6) * q_scale)[:, None]
+    k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+    b_in = tl.load(b_ptr + rows * stride_bt + h, mask=valid, other=0.0)
+    beta = (1.0 / (1.0 + tl.exp(-b_in.to(tl.float32)))).to(b_in.dtype).to(tl.float32)   # sigmoid in b's dtype
+    x = tl.load(a_ptr + rows * stride_at + h, mask=valid, other=0.0).to(tl.float32)
+    x += tl.load(dtb_ptr + h).to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    # slots past the prompt's end: beta = 0 and g = 0 (with k = v = 0) leave the state as it is
+    beta = tl.where(valid, beta, 0.0)
+    g = tl.where(valid, -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus, 0.0)
+    G = tl.cumsum(g, axis=0)                                    # log decay since the chunk's start
+
+    r, c = t[:, None], t[None, :]
+    # D[r, c] = Gamma_r / Gamma_c for c <= r, else 0 (masked before exp: above the diagonal it may overflow)
+    D = tl.exp(tl.where(c <= r, G[:, None] - G[None, :], float("-inf")))
+    # the substitution reads A's rows as columns, so A is built transposed: AT[j, i] = A[i, j]
+    #   = beta_i (k_i . k_j) Gamma_i / Gamma_j for j < i
+    KK = tl.dot(k, tl.trans(k), input_precision="ieee")
+    AT = KK * tl.exp(tl.where(r < c, G[None, :] - G[:, None], float("-inf"))) * beta[None, :]
+    # Tinv = (I + A)^-1, row by row: Tinv_i = e_i - sum_{j < i} A[i, j] Tinv_j
+    Tinv = tl.where(r == c, 1.0, 0.0)
+    for i in range(1, C):
+        a_i = tl.sum(tl.where(c == i, AT, 0.0), axis=1)                        # A[i, :] along rows
+        Tinv -= tl.where(r == i, tl.sum(a_i[:, None] * Tinv, axis=0)[None, :], 0.0)
+    gamma = tl.exp(G)
+    Wv = tl.dot(Tinv, v * beta[:, None], input_precision="ieee")                              # [C, BLOCK_V]
+    Wk = tl.dot(Tinv, k * (beta * gamma)[:, None], input_precision="ieee")                   # [C, BLOCK_K]
+    P = tl.dot(q, tl.trans(k), input_precision="ieee") * D
+    tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + vd[None, :],
+             tl.dot(P, Wv, input_precision="ieee"), mask=vmask)
+    E = q * gamma[:, None] - tl.dot(P, Wk, input_precision="ieee")
+    total = tl.sum(g, axis=0)
+    KG = k * tl.exp(total - G)[:, None]
+    base = (n * H + h).to(tl.int64) * C + t
+    tl.store(wv_ptr + base[:, None] * BLOCK_V + vd[None, :], Wv)
+    tl.store(wk_ptr + base[:, None] * BLOCK_K + kd[None, :], Wk)
+    tl.store(e_ptr + base[:, None] * BLOCK_K + kd[None, :], E)
+    tl.store(kg_ptr + base[:, None] * BLOCK_K + kd[None, :], KG)
+    tl.store(decay_ptr + n * H + h, tl.exp(total))
+
+
+@triton.jit
+def _gated_delta_scan_kernel(
+    wv_ptr, wk_ptr, e_ptr, kg_ptr, decay_ptr, o_ptr, state_ptr, cu_ptr, first_ptr,
+    stride_ot, stride_oh, H, DK, DV,
+    C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_V: tl.constexpr,
+):
+    s = tl.program_id(0)
+    h = tl.program_id(1)
+    first = tl.load(first_ptr + s)
+    count = tl.load(first_ptr + s + 1) - first
+    start, end = tl.load(cu_ptr + s), tl.load(cu_ptr + s + 1)
+    t, kd = tl.arange(0, C), tl.arange(0, BLOCK_K)
+    vd = tl.program_id(2) * SPLIT_V + tl.arange(0, SPLIT_V)
+    S = tl.zeros([BLOCK_K, SPLIT_V], dtype=tl.float32)
+    for m in range(0, count):
+        base = ((first + m) * H + h).to(tl.int64) * C + t
+        ck = base[:, None] * BLOCK_K + kd[None, :]
+        rows = start + m * C + t
+        omask = (rows < end)[:, None] & (vd < DV)[None, :]
+        o_ptrs = o_ptr + rows.to(tl.int64)[:, None] * stride_ot + h * stride_oh + vd[None, :]
+        o = tl.load(o_ptrs, mask=omask, other=0.0) + tl.dot(tl.load(e_ptr + ck), S, input_precision="ieee")
+        tl.store(o_ptrs, o, mask=omask)
+        U = tl.load(wv_ptr + base[:, None] * BLOCK_V + vd[None, :]) - tl.dot(tl.load(wk_ptr + ck), S,
+                                                                             input_precision="ieee")
+        S = S * tl.load(decay_ptr + (first + m) * H + h) + tl.dot(tl.trans(tl.load(kg_ptr + ck)), U,
+                                                                  input_precision="ieee")
+    smask = (kd < DK)[:, None] & (vd < DV)[None, :]
+    tl.store(state_ptr + ((s * H + h).to(tl.int64) * DK + kd)[:, None] * DV + vd[None, :], S, mask=smask)
+
+
+@dataclass
+class GatedDeltaChunks:
+    """The packed prompts' chunks for gated_delta_prefill, numbered prompt by prompt: prompt s has
+    tokens cu[s] .. cu[s+1] - 1 and chunks first[s] .. first[s+1] - 1; seq[n] is chunk n's prompt."""
+    cu: torch.Tensor              # [S + 1] int32
+    first: torch.Tensor           # [S + 1] int32
+    seq: torch.Tensor             # [N] int32
+    chunk_size: int
+
+    @classmethod
+    def build(cls, seq_lens: list[int], device, chunk_size: int = reference.DELTA_CHUNK) -> "GatedDeltaChunks":
+        lens = torch.tensor(seq_lens, dtype=torch.int32)
+        counts = (lens + chunk_size - 1) // chunk_size
+        zero = torch.zeros(1, dtype=torch.int32)
+        host = torch.cat([zero, lens.cumsum(0), zero, counts.cumsum(0),
+                          torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), counts)]).int()
+        cu, first, seq = reference.upload(host, device).split([len(lens) + 1, len(lens) + 1, int(counts.sum())])
+        return cls(cu, first, seq, chunk_size)
+
+
+SCAN_SPLIT_V = 64           # value columns per scan program (the state block it keeps in registers)
+
+
+def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks: GatedDeltaChunks):
+    """See kernels.reference.gated_delta_prefill (the same arguments, with a GatedDeltaChunks for the
+    layout). Strided row and head views are fine. Two launches whatever the prompts."""
+    T, Hk, DK = q.shape
+    H, DV = v.shape[1], v.shape[2]
+    S, N, C = len(chunks.cu) - 1, len(chunks.seq), chunks.chunk_size
+    assert k.shape == q.shape and v.shape[0] == T and a.shape == b.shape == (T, H) and H % Hk == 0
+    # (torch's conv on a CPU returns its output column-major)
+    q, k, v, a, b = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, a, b))
+    BLOCK_K, BLOCK_V = max(16, triton.next_power_of_2(DK)), max(16, triton.next_power_of_2(DV))
+    f32 = dict(dtype=torch.float32, device=q.device)
+    o, states = torch.empty((T, H, DV), **f32), torch.empty((S, H, DK, DV), **f32)
+    if N == 0:
+        return o, states
+    wv = torch.empty((N, H, C, BLOCK_V), **f32)
+    wk, e, kg = (torch.empty((N, H, C, BLOCK_K), **f32) for _ in range(3))
+    decay = torch.empty((N, H), **f32)
+    _gated_delta_chunk_kernel[(N, H)](
+        q, k, v, a, b, A_log, dt_bias, chunks.cu, chunks.first, chunks.seq, wv, wk, e, kg, decay, o,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
+        o.stride(0), o.stride(1), H, DK, DV, H // Hk, DK ** -0.5,
+        C=C, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps=8)
+    split = min(BLOCK_V, SCAN_SPLIT_V)
+    _gated_delta_scan_kernel[(S, H, BLOCK_V // split)](
+        wv, wk, e, kg, decay, o, states, chunks.cu, chunks.first, o.stride(0), o.stride(1), H, DK, DV,
+        C=C, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, SPLIT_V=split, num_warps=4)
+    return o, states
 
 
 # --------------------------------------------------------------------------------------------------

@@ -248,6 +248,31 @@ def test_causal_conv1d_prefill(dtype, lens, C, K):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lens,Hk,Hv,DK,DV", [([150, 1, 64, 65, 7], 1, 2, 16, 24), ([3], 2, 2, 32, 16),
+                                              ([130, 64], 2, 4, 128, 128)])
+def test_gated_delta_prefill(dtype, lens, Hk, Hv, DK, DV):
+    """Packed prompts of unequal lengths (chunks cut mid-prompt and at its end, a one-token prompt),
+    strided head views as the model passes them; a prompt alone gives exactly what it gives packed."""
+    g = _gen(18)
+    T = sum(lens)
+    mixed = _randn(T, 2 * Hk * DK + Hv * DV + 3, dtype=dtype, gen=g)[:, 3:]        # a strided conv output
+    q, k, v = mixed.split([Hk * DK, Hk * DK, Hv * DV], dim=-1)
+    q, k, v = q.view(T, Hk, DK), k.view(T, Hk, DK), v.view(T, Hv, DV)
+    ab = _randn(T, 2 * Hv, dtype=dtype, gen=g)
+    a, b = ab[:, :Hv], ab[:, Hv:]
+    A_log, dt_bias = _randn(Hv, dtype=dtype, gen=g) * 0.5, _randn(Hv, dtype=dtype, gen=g)
+    out, states = ops.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, ops.GatedDeltaChunks.build(lens, DEVICE))
+    layout = reference.ChunkLayout.build(lens, reference.DELTA_CHUNK, DEVICE)
+    ref_out, ref_states = reference.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, layout)
+    _close(out, ref_out, (2e-5, 1e-4))
+    _close(states, ref_states, (2e-5, 1e-4))
+    first = slice(0, lens[0])
+    alone, alone_state = ops.gated_delta_prefill(q[first], k[first], v[first], a[first], b[first], A_log, dt_bias,
+                                                 ops.GatedDeltaChunks.build(lens[:1], DEVICE))
+    assert torch.equal(alone, out[first]) and torch.equal(alone_state[0], states[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,C,K", [(1, 40, 4), (5, 300, 4), (3, 64, 2)])
 def test_causal_conv1d_update(dtype, B, C, K):
     g = _gen(13)

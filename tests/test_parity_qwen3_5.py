@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from kernels import dispatch
 from python_backends.ar.config import EngineConfig
 from python_backends.ar.engine import LLMEngine
 from python_backends.ar.model_runner import ModelRunner
@@ -137,8 +138,15 @@ class ManualCache:
         return self.model.compute_logits(self.model(ids, n - 1, ctx))
 
 
-def test_prefill_and_decode_logits(pair):
+# (the interpreter trips a numpy deprecation when it runs a loop with loaded bounds; not ours)
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+@pytest.mark.parametrize("prefill_kernels", [False, True], ids=["torch", "kernels"])
+def test_prefill_and_decode_logits(pair, prefill_kernels, monkeypatch):
+    """`kernels`: the delta rule's prefill through its Triton kernels (the interpreter on a CPU)."""
     hf, _, ours = pair
+    if prefill_kernels:
+        ops = pytest.importorskip("kernels.triton_ops")
+        monkeypatch.setattr(dispatch, "gated_delta_chunks", ops.GatedDeltaChunks.build)
     seqs = prompts(seed=2)
     cache = ManualCache(ours, state_slots=[2, 0, 3, 1])     # deliberately not 0..B-1
     logits = cache.prefill(seqs)
@@ -233,12 +241,12 @@ def recurrent_delta_rule(q, k, v, g, beta):
 def test_chunked_delta_rule_equals_the_recurrence(lens):
     """Packed sequences of unequal lengths: some end while others run on (the scan's running set
     shrinks), chunks cut mid-sequence and at its end, a one-token sequence."""
-    from python_backends.models.qwen3_5 import ChunkLayout, _l2norm, chunk_gated_delta_rule
+    from kernels.reference import ChunkLayout, chunk_gated_delta_rule, l2norm
 
     gen = torch.Generator().manual_seed(0)
     T, H, dk, dv = sum(lens), 3, 16, 8
-    q = _l2norm(torch.randn(T, H, dk, generator=gen)) * dk ** -0.5
-    k = _l2norm(torch.randn(T, H, dk, generator=gen))
+    q = l2norm(torch.randn(T, H, dk, generator=gen)) * dk ** -0.5
+    k = l2norm(torch.randn(T, H, dk, generator=gen))
     v = torch.randn(T, H, dv, generator=gen)
     g = -0.5 * torch.rand(T, H, generator=gen)
     beta = torch.rand(T, H, generator=gen)
