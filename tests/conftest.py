@@ -95,6 +95,14 @@ def rounds_until_batched(server, model: str, send_together, tries: int = 3) -> l
     return rounds
 
 
+def wav_pcm16(wav: bytes) -> tuple[np.ndarray, int]:
+    """A 16-bit WAV file's samples as int16 and its rate (the decoder gives s16 / 32768 as floats)."""
+    from python_backends.media import audio
+
+    samples, rate = audio.decode(wav)
+    return np.rint(samples * 32768).astype(np.int16), rate
+
+
 def assert_int16_equal(a, b) -> None:
     """Two int16 sample arrays (or little-endian PCM bytes) of two identical speech requests: bit-equal.
     (They once differed by 1 LSB in ~1 of 3 runs on a loaded CPU: SNAC's rounding depended on torch's
