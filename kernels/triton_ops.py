@@ -659,8 +659,8 @@ def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weig
 # padded [N, H, C, .] tensors, solves N*H unit-triangular systems and scans the chunks step by step,
 # several launches a step: for one 512-token prompt of the Qwen3.5-0.8B shape ~90 torch ops a layer
 # (counted with torch's profiler on a CPU), and at 64 prompts most of its GPU time goes to the copies
-# that pack and unpack. Here the chunks are read where they lie in the
-# packed rows (chunk m of prompt s starts at token cu[s] + m * C), numbered prompt by prompt:
+# that pack and unpack. Here the chunks are read where they lie in the packed rows (chunk m of prompt
+# s starts at token cu[s] + m * C), numbered prompt by prompt:
 #   _gated_delta_chunk_kernel  program (chunk, value head): all that the chunk's own tokens give, from
 #       the raw conv outputs and projections (l2-normed q/k, beta, g): the cumulative log decay G,
 #       (I + A)^-1 by forward substitution, Wv, Wk, O0 (written to the output rows), E, KG and the
@@ -721,7 +721,7 @@ def _gated_delta_chunk_kernel(
     tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + vd[None, :],
              tl.dot(P, Wv, input_precision="ieee"), mask=vmask)
     E = q * gamma[:, None] - tl.dot(P, Wk, input_precision="ieee")
-    total = tl.sum(g, axis=0)
+    total = tl.sum(tl.where(t == C - 1, G, 0.0), axis=0)     # G at the chunk's end, as the reference's
     KG = k * tl.exp(total - G)[:, None]
     base = (n * H + h).to(tl.int64) * C + t
     tl.store(wv_ptr + base[:, None] * BLOCK_V + vd[None, :], Wv)
