@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from python_backends.runtime.device import upload
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
              zero_centered: bool = False):
@@ -120,14 +122,6 @@ def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weig
 # ----------------------------------------------------------- Gated DeltaNet prefill (chunked delta rule)
 
 DELTA_CHUNK = 64    # tokens per chunk of the delta rule's prefill (as the reference implementations)
-
-
-def upload(host: torch.Tensor, device) -> torch.Tensor:
-    """A host tensor on `device`; to a GPU from pinned memory, so the copy need not wait for the kernels
-    already queued (the engine's step in flight)."""
-    if torch.device(device).type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from kernels import reference
+from python_backends.runtime.device import upload
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -776,8 +777,9 @@ class GatedDeltaChunks:
         counts = (lens + chunk_size - 1) // chunk_size
         zero = torch.zeros(1, dtype=torch.int32)
         host = torch.cat([zero, lens.cumsum(0), zero, counts.cumsum(0),
-                          torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), counts)]).int()
-        cu, first, seq = reference.upload(host, device).split([len(lens) + 1, len(lens) + 1, int(counts.sum())])
+                          torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), counts)])
+        sizes = [len(lens) + 1, len(lens) + 1, int(counts.sum())]
+        cu, first, seq = upload(host, device, torch.int32).split(sizes)
         return cls(cu, first, seq, chunk_size)
 
 

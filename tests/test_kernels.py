@@ -229,7 +229,7 @@ def test_qk_norm_rope_store(dtype, T, Hq, Hk, D, R, norm, block_size):
         assert torch.equal(oq[..., R:], q[..., R:]) and torch.equal(ok[..., R:], k[..., R:])
 
 
-# ----------------------------------------------------------------------------- Gated DeltaNet decode
+# ------------------------------------------------------- Gated DeltaNet (conv, delta rule: prefill, decode)
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lens,C,K", [([3, 7], 40, 4), ([2, 19, 1, 33], 300, 4), ([5, 3], 64, 2)])
