@@ -15,7 +15,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [40, 41], [100 + i for i in range(30)], [7] * 12, [3
 
 
 def engine(folder, eager: bool, dtype=torch.float32, **kw):
-    from kernels import dispatch
+    from python_backends.kernels import dispatch
 
     dispatch.enable(True)
     model = load_causal_lm(folder, "cuda", dtype)

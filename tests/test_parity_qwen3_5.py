@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from kernels import dispatch
+from python_backends.kernels import dispatch
 from python_backends.ar.config import EngineConfig
 from python_backends.ar.engine import LLMEngine
 from python_backends.ar.model_runner import ModelRunner
@@ -145,7 +145,7 @@ def test_prefill_and_decode_logits(pair, prefill_kernels, monkeypatch):
     """`kernels`: the delta rule's prefill through its Triton kernels (the interpreter on a CPU)."""
     hf, _, ours = pair
     if prefill_kernels:
-        ops = pytest.importorskip("kernels.triton_ops")
+        ops = pytest.importorskip("python_backends.kernels.triton_ops")
         monkeypatch.setattr(dispatch, "gated_delta_chunks", ops.GatedDeltaChunks.build)
     seqs = prompts(seed=2)
     cache = ManualCache(ours, state_slots=[2, 0, 3, 1])     # deliberately not 0..B-1
@@ -241,7 +241,7 @@ def recurrent_delta_rule(q, k, v, g, beta):
 def test_chunked_delta_rule_equals_the_recurrence(lens):
     """Packed sequences of unequal lengths: some end while others run on (the scan's running set
     shrinks), chunks cut mid-sequence and at its end, a one-token sequence."""
-    from kernels.reference import ChunkLayout, chunk_gated_delta_rule, l2norm
+    from python_backends.kernels.reference import ChunkLayout, chunk_gated_delta_rule, l2norm
 
     gen = torch.Generator().manual_seed(0)
     T, H, dk, dv = sum(lens), 3, 16, 8

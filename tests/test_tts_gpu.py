@@ -46,7 +46,7 @@ def test_codec_on_gpu(folders):
 def test_talker_graphs_equal_transformers(folders):
     from transformers import AutoModelForCausalLM
 
-    from kernels import dispatch
+    from python_backends.kernels import dispatch
 
     dispatch.enable(True)
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 @pytest.fixture(scope="module")
 def kernels_on():
-    from kernels import dispatch
+    from python_backends.kernels import dispatch
 
     was = dispatch.enabled()
     dispatch.enable(True)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from kernels.reference import FINISH_LENGTH, FINISH_STOP
+from python_backends.kernels.reference import FINISH_LENGTH, FINISH_STOP
 from python_backends.ar.block_manager import BlockManager
 from python_backends.ar.config import EngineConfig
 from python_backends.ar.model_runner import ModelRunner, StepHandle

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from kernels import dispatch
+from python_backends.kernels import dispatch
 from python_backends.ar.config import EngineConfig
 from python_backends.ar.sampling import sample
 from python_backends.ar.sequence import Sequence

@@ -115,7 +115,7 @@ def eos_token_ids(folder, tokenizer) -> list[int]:
 def enable_kernels(device, wanted: bool) -> None:
     """The kernels/ Triton kernels for this process's hot ops (CUDA only; the CPU keeps torch's)."""
     if torch.device(device).type == "cuda" and wanted:
-        from kernels import dispatch
+        from python_backends.kernels import dispatch
 
         dispatch.enable(True)
 

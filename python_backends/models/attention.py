@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import dispatch
+from python_backends.kernels import dispatch
 from python_backends.models.context import AttentionCacheSpec, ForwardContext
 
 

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from kernels import dispatch
+from python_backends.kernels import dispatch
 from python_backends.models.attention import PagedAttention
 from python_backends.models.context import ForwardContext
 from python_backends.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding, rope_inv_freq

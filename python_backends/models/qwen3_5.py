@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import dispatch
+from python_backends.kernels import dispatch
 from python_backends.models.attention import PagedAttention
 from python_backends.models.context import ForwardContext, RecurrentStateSpec
 from python_backends.models.decoder import PACKED, CausalLM, DecoderLayer, DecoderModel

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import dispatch
+from python_backends.kernels import dispatch
 from python_backends.models.context import ForwardContext
 from python_backends.models.decoder import PACKED, DecoderModel, dense_layer
 from python_backends.models.loader import load_weights

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import reference
+from python_backends.kernels import reference
 from python_backends.runtime.device import upload
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)

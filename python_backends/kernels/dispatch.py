@@ -10,7 +10,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from kernels import reference
+from python_backends.kernels import reference
 
 _enabled = False
 
@@ -19,7 +19,7 @@ def enable(on: bool = True) -> None:
     """Use the Triton kernels for CUDA tensors (needs the `triton` package)."""
     global _enabled
     if on:
-        import kernels.triton_ops  # noqa: F401 - fail here, not in the middle of a forward pass
+        import python_backends.kernels.triton_ops  # noqa: F401 - fail here, not in the middle of a forward pass
     _enabled = on
 
 
@@ -29,7 +29,7 @@ def enabled() -> bool:
 
 def _kernel(x: torch.Tensor):
     if _enabled and x.is_cuda:
-        import kernels.triton_ops as ops
+        import python_backends.kernels.triton_ops as ops
 
         return ops
     return None
@@ -122,7 +122,7 @@ def gated_delta_chunks(seq_lens: list[int], device):
     """How gated_delta_prefill cuts the packed prompts of `seq_lens` into chunks (the torch path's
     ChunkLayout or the kernels' GatedDeltaChunks); the same for every layer of a forward."""
     if _enabled and DELTA_RULE_KERNEL and torch.device(device).type == "cuda":
-        import kernels.triton_ops as ops
+        import python_backends.kernels.triton_ops as ops
 
         return ops.GatedDeltaChunks.build(seq_lens, device)
     return reference.ChunkLayout.build(seq_lens, reference.DELTA_CHUNK, device)
@@ -131,7 +131,7 @@ def gated_delta_chunks(seq_lens: list[int], device):
 def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks):
     if isinstance(chunks, reference.ChunkLayout):
         return reference.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks)
-    import kernels.triton_ops as ops
+    import python_backends.kernels.triton_ops as ops
 
     return ops.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks)
 
