@@ -145,8 +145,9 @@ def test_padding_rows_never_advance(folder):
 
 def test_prefill_graph_inputs_pack_prompts_then_padding(folder):
     """A prefill graph's static inputs: the prompts packed from token 0 (ids, positions, cache slots
-    from their block tables), then padding as one more sequence up to the bucket (slot -1: never
-    written); unused sequence slots are empty; `last` points at each prompt's final token."""
+    from their block tables), then padding up to the bucket (slot -1: never written). cu_seqlens: the
+    prompts, then empty sequences up to max_num_seqs, then the padding as the last sequence; `last`
+    points at each prompt's final token; the state rows are the prompts', then the scratch row."""
     engine = make_engine(folder, block_size=4)
     for p in ([5, 6, 7, 8, 9], [40, 41]):
         engine.add(p, SamplingParams(max_tokens=4))
@@ -155,12 +156,40 @@ def test_prefill_graph_inputs_pack_prompts_then_padding(folder):
     runner, t = engine.runner, 16
     S = runner.config.max_num_seqs
     meta = runner._prefill_inputs(seqs, t)
-    ids, pos, slots, last, cu = runner._prefill_layout(meta, t)
+    ids, pos, slots, last, cu, rows = runner._prefill_layout(meta, t)
     assert ids[:7].tolist() == [5, 6, 7, 8, 9, 40, 41] and pos[:7].tolist() == [0, 1, 2, 3, 4, 0, 1]
     b0, b1 = seqs[0].block_table, seqs[1].block_table
     assert slots[:7].tolist() == [b0[0] * 4, b0[0] * 4 + 1, b0[0] * 4 + 2, b0[0] * 4 + 3, b0[1] * 4, b1[0] * 4, b1[0] * 4 + 1]
-    assert (slots[7:] == -1).all() and len(meta) == 3 * t + 2 * S + 2
-    assert last[:2].tolist() == [4, 6] and cu.tolist() == [0, 5, 7] + [t] * (S - 1)
+    assert (slots[7:] == -1).all() and len(meta) == 3 * t + 3 * S + 2
+    assert last[:2].tolist() == [4, 6] and cu.tolist() == [0, 5, 7] + [7] * (S - 2) + [t]
+    assert rows.tolist() == [seqs[0].row, seqs[1].row] + [runner.scratch] * (S - 2)
+
+
+def test_prefill_graph_body_equals_eager_prefill(folder):
+    """What a prefill graph computes, run eagerly: 3 prompts (37 tokens) in the 64-token bucket (27
+    padding tokens, 5 empty sequences) give prefill_hidden's last hidden states and the same cache
+    rows, and write no other cache row."""
+    engine = make_engine(folder, cuda_graph_prefill_tokens=[16, 64])
+    for p in PROMPTS[:3]:
+        engine.add(p, SamplingParams(max_tokens=4))
+    engine._drain_inbox()
+    seqs = engine.scheduler.schedule().seqs
+    runner = engine.runner
+    runner.admit(seqs, set())
+    caches = [c for module, _ in runner.layers for c in (module.k_cache, module.v_cache)]
+    for c in caches:
+        c.normal_()
+    before = [c.clone() for c in caches]
+    with torch.inference_mode():
+        eager = runner.prefill_hidden(seqs).clone()
+        after_eager = [c.clone() for c in caches]
+        for c, b in zip(caches, before):
+            c.copy_(b)
+        bucket = runner.bucket_prefill_hidden(seqs, 64)
+    torch.testing.assert_close(bucket, eager, atol=1e-5, rtol=1e-5)
+    for c, e, b in zip(caches, after_eager, before):
+        assert not torch.equal(e, b)
+        torch.testing.assert_close(c, e, atol=1e-5, rtol=1e-5)     # the prompts' rows; no others written
 
 
 def test_prefill_graphs_reach_the_largest_step_and_no_further():

@@ -94,3 +94,40 @@ def test_prefill_graph_equals_eager_prefill_and_writes_only_the_prompts_slots(ti
     flat, flat_eager, flat_before = (c.view(-1, *c.shape[2:]) for c in (layer.k_cache, k_eager, before))
     torch.testing.assert_close(flat[slots].float(), flat_eager[slots].float(), atol=5e-2, rtol=5e-2)
     assert torch.equal(flat[others.cuda()], flat_before[others.cuda()])
+
+
+def test_qwen3_5_prefill_graph_equals_eager_prefill(tiny_checkpoints, monkeypatch):
+    """bf16, the delta rule through its kernels (what lets Qwen3.5 prefill in a graph): three prompts
+    replayed in the 64-token bucket give the eager prefill's last hidden states and recurrent states,
+    and leave the other state rows as they were."""
+    from python_backends.kernels import dispatch
+
+    monkeypatch.setattr(dispatch, "DELTA_RULE_KERNEL", True)
+    e = engine(tiny_checkpoints["qwen3_5"], eager=False, dtype=torch.bfloat16, cuda_graph_prefill_tokens=[16, 64])
+    r = e.runner
+    assert r.use_prefill_graphs
+    r.capture_graphs()
+    assert sorted(r.prefill_graphs) == [16, 64]
+    for p in PROMPTS[:3]:
+        e.add(p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    e._drain_inbox()
+    seqs = e.scheduler.schedule().seqs
+    r.admit(seqs, set())
+    states = [s for m, _ in r.layers for s in (getattr(m, "ssm_state", None), getattr(m, "conv_state", None))
+              if s is not None]
+    for s in states:
+        s.normal_()
+    before = [s.clone() for s in states]
+    with torch.inference_mode():
+        eager = r.prefill_hidden(seqs).clone()
+        after_eager = [s.clone() for s in states]
+        for s, b in zip(states, before):
+            s.copy_(b)
+        r.prefill_hidden = None                           # the graph path must not fall back to it
+        r.prefill(seqs).result()
+    torch.testing.assert_close(r.first_hidden[:3].float(), eager.float(), atol=5e-2, rtol=5e-2)
+    rows = [s.row for s in seqs]
+    others = [i for i in range(r.scratch) if i not in rows]
+    for s, after, b in zip(states, after_eager, before):
+        torch.testing.assert_close(s[rows].float(), after[rows].float(), atol=5e-2, rtol=5e-2)
+        assert torch.equal(s[others], b[others])

@@ -247,29 +247,56 @@ def test_causal_conv1d_prefill(dtype, lens, C, K):
     assert torch.equal(alone, out[second])                          # the second prompt as if alone
 
 
+def _delta_prefill(q, k, v, a, b, A_log, dt_bias, lens, state, slots, num_tokens=None):
+    cu = torch.tensor([0, *lens], device=DEVICE).cumsum(0).int()
+    chunks = ops.GatedDeltaChunks.of(cu, num_tokens or sum(lens))
+    return ops.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks, state, slots)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lens,Hk,Hv,DK,DV", [([150, 1, 64, 65, 7], 1, 2, 16, 24), ([3], 2, 2, 32, 16),
-                                              ([130, 64], 2, 4, 128, 128)])
-def test_gated_delta_prefill(dtype, lens, Hk, Hv, DK, DV):
+@pytest.mark.parametrize("lens,empty,pad,Hk,Hv,DK,DV", [([150, 1, 64, 65, 7], 0, 0, 1, 2, 16, 24),
+                                                        ([3], 2, 70, 2, 2, 32, 16),
+                                                        ([130, 64], 1, 5, 2, 4, 128, 128)])
+def test_gated_delta_prefill(dtype, lens, empty, pad, Hk, Hv, DK, DV):
     """Packed prompts of unequal lengths (chunks cut mid-prompt and at its end, a one-token prompt),
-    strided head views as the model passes them; a prompt alone gives exactly what it gives packed."""
+    strided head views as the model passes them. As a prefill graph lays them out: `empty` empty
+    prompts after them, whose state slot (the scratch row) stays as it was, and `pad` tokens of no
+    prompt at the end. Each prompt's last state lands in its own slot and no other slot changes; a
+    prompt alone gives exactly what it gives packed."""
     g = _gen(18)
-    T = sum(lens)
+    total = sum(lens)
+    T = total + pad
     mixed = _randn(T, 2 * Hk * DK + Hv * DV + 3, dtype=dtype, gen=g)[:, 3:]        # a strided conv output
     q, k, v = mixed.split([Hk * DK, Hk * DK, Hv * DV], dim=-1)
     q, k, v = q.view(T, Hk, DK), k.view(T, Hk, DK), v.view(T, Hv, DV)
     ab = _randn(T, 2 * Hv, dtype=dtype, gen=g)
     a, b = ab[:, :Hv], ab[:, Hv:]
     A_log, dt_bias = _randn(Hv, dtype=dtype, gen=g) * 0.5, _randn(Hv, dtype=dtype, gen=g)
-    out, states = ops.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, ops.GatedDeltaChunks.build(lens, DEVICE))
+    n, scratch = len(lens), len(lens) + 2
+    state = _randn(scratch + 1, Hv, DK, DV, dtype=torch.float32, gen=g)             # stale slots
+    slots = torch.tensor([*reversed(range(n)), *[scratch] * empty], device=DEVICE)
+    before = state.clone()
+    out = _delta_prefill(q, k, v, a, b, A_log, dt_bias, lens + [0] * empty, state, slots, num_tokens=T)
     layout = reference.ChunkLayout.build(lens, reference.DELTA_CHUNK, DEVICE)
-    ref_out, ref_states = reference.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, layout)
-    _close(out, ref_out, (2e-5, 1e-4))
-    _close(states, ref_states, (2e-5, 1e-4))
+    ref_out, ref_states = reference.gated_delta_prefill(q[:total], k[:total], v[:total], a[:total], b[:total],
+                                                        A_log, dt_bias, layout)
+    _close(out[:total], ref_out, (2e-5, 1e-4))
+    _close(state[slots[:n]], ref_states, (2e-5, 1e-4))
+    untouched = [i for i in range(len(state)) if i not in slots[:n].tolist()]
+    assert torch.equal(state[untouched], before[untouched])
     first = slice(0, lens[0])
-    alone, alone_state = ops.gated_delta_prefill(q[first], k[first], v[first], a[first], b[first], A_log, dt_bias,
-                                                 ops.GatedDeltaChunks.build(lens[:1], DEVICE))
-    assert torch.equal(alone, out[first]) and torch.equal(alone_state[0], states[0])
+    alone = _delta_prefill(q[first], k[first], v[first], a[first], b[first], A_log, dt_bias, lens[:1], state,
+                           torch.tensor([n], device=DEVICE))
+    assert torch.equal(alone, out[first]) and torch.equal(state[n], state[slots[0]])
+
+
+def test_gated_delta_chunk_table_from_cu_seqlens():
+    """The chunk table built on the device: chunks numbered prompt by prompt, spare entries past the last
+    chunk point past the last prompt (their programs return), empty prompts own no chunk."""
+    cu = torch.tensor([0, 64, 65, 65, 200], device=DEVICE, dtype=torch.int32)
+    chunks = ops.GatedDeltaChunks.of(cu, num_tokens=230, chunk_size=64)
+    assert chunks.first.tolist() == [0, 1, 2, 2, 5]
+    assert chunks.seq.tolist() == [0, 1, 3, 3, 3] + [4] * (230 // 64 + 4 - 5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

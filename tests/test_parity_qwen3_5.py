@@ -17,7 +17,7 @@ from python_backends.ar.config import EngineConfig
 from python_backends.ar.engine import LLMEngine
 from python_backends.ar.model_runner import ModelRunner
 from python_backends.ar.sampling import SamplingParams
-from python_backends.models.context import ForwardContext
+from python_backends.models.context import AttentionCacheSpec, ForwardContext
 from python_backends.models.registry import load_causal_lm
 
 transformers = pytest.importorskip("transformers")
@@ -145,8 +145,8 @@ def test_prefill_and_decode_logits(pair, prefill_kernels, monkeypatch):
     """`kernels`: the delta rule's prefill through its Triton kernels (the interpreter on a CPU)."""
     hf, _, ours = pair
     if prefill_kernels:
-        ops = pytest.importorskip("python_backends.kernels.triton_ops")
-        monkeypatch.setattr(dispatch, "gated_delta_chunks", ops.GatedDeltaChunks.build)
+        pytest.importorskip("python_backends.kernels.triton_ops")
+        monkeypatch.setattr(dispatch, "delta_rule_kernel", lambda device: True)
     seqs = prompts(seed=2)
     cache = ManualCache(ours, state_slots=[2, 0, 3, 1])     # deliberately not 0..B-1
     logits = cache.prefill(seqs)
@@ -163,6 +163,43 @@ def test_prefill_and_decode_logits(pair, prefill_kernels, monkeypatch):
         logits = cache.decode(seqs)
         ref = torch.stack([hf_logits(hf, s)[-1] for s in seqs])
         torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+def test_prefill_graph_body_equals_eager_prefill(pair, monkeypatch):
+    """What a prefill graph computes (the delta rule through its kernels: the interpreter on a CPU),
+    run eagerly: the prompts in a 128-token bucket (34 padding tokens, 2 empty sequences whose state
+    row is the scratch row) give the eager prefill's last hidden states, KV-cache rows and state rows,
+    and change no other row."""
+    pytest.importorskip("python_backends.kernels.triton_ops")
+    monkeypatch.setattr(dispatch, "delta_rule_kernel", lambda device: True)
+    _, _, ours = pair
+    engine = LLMEngine(ours, EngineConfig(max_num_seqs=6, max_model_len=128, cuda_graph_prefill_tokens=[16, 128]),
+                       "cpu", torch.float32, eos_token_ids=[], vocab_size=VOCAB)
+    for p in prompts(seed=6):
+        engine.add(p, SamplingParams(max_tokens=4))
+    engine._drain_inbox()
+    seqs = engine.scheduler.schedule().seqs
+    runner = engine.runner
+    runner.admit(seqs, set())
+    # the state rows but the scratch row (where the graph may put the empty sequences' conv windows)
+    real = slice(0, runner.scratch)
+    caches = [c for m, spec in runner.layers
+              for c in ((m.k_cache, m.v_cache) if isinstance(spec, AttentionCacheSpec)
+                        else (m.conv_state[real], m.ssm_state[real]))]
+    for c in caches:
+        c.normal_()
+    before = [c.clone() for c in caches]
+    with torch.inference_mode():
+        eager = runner.prefill_hidden(seqs).clone()
+        after_eager = [c.clone() for c in caches]
+        for c, b in zip(caches, before):
+            c.copy_(b)
+        bucket = runner.bucket_prefill_hidden(seqs, 128)
+    torch.testing.assert_close(bucket, eager, atol=1e-5, rtol=1e-5)
+    for c, e, b in zip(caches, after_eager, before):
+        assert not torch.equal(e, b)
+        torch.testing.assert_close(c, e, atol=1e-5, rtol=1e-5)
 
 
 def test_greedy_generation_continuous_batching(pair):

@@ -125,10 +125,10 @@ class ModelRunner:
         self.graphs: dict[tuple[int, str, bool], torch.cuda.CUDAGraph] = {}   # (bucket, variant, first frame)
         self.graph_pool = None
         # prefill as CUDA graphs, one per token-count bucket (_prefill_graph); their static inputs, laid
-        # out in `_prefill_inputs`, are allocated with the first capture
+        # out in `_prefill_layout`, are allocated when first loaded
         self.prefill_sizes = config.prefill_graph_sizes()
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.prefill_meta: torch.Tensor | None = None         # ids, positions, slots, last index, cu_seqlens
+        self.prefill_meta: torch.Tensor | None = None         # ids, positions, slots, last index, cu_seqlens, rows
         self.prefill_embeds: torch.Tensor | None = None       # a frame model's input embeddings
         # two pinned result buffers, alternating: the engine reads one while the next step fills the other.
         # Flat, so that a step's [rows, batch] result lands in a contiguous view: a copy into a strided
@@ -284,33 +284,40 @@ class ModelRunner:
 
     @property
     def use_prefill_graphs(self) -> bool:
-        """Whole prefill steps as graphs: every layer full attention (a linear-attention layer's prefill
-        loops over its prompts on the host) through the varlen kernel (its lengths live on the device)."""
-        return self.use_graphs and bool(self.prefill_sizes) and all(
-            isinstance(spec, AttentionCacheSpec) and dispatch.varlen_attention_supported(self.dtype, spec.head_dim, self.device)
-            for _, spec in self.layers)
+        """Whole prefill steps as graphs: every layer's prefill reads its prompts' lengths on the device.
+        Full attention through the varlen kernel; a linear-attention layer through the delta rule's
+        kernels (its torch path loops over chunk steps on the host)."""
+        def capturable(spec) -> bool:
+            if isinstance(spec, AttentionCacheSpec):
+                return dispatch.varlen_attention_supported(self.dtype, spec.head_dim, self.device)
+            return dispatch.delta_rule_kernel(self.device)
+
+        return self.use_graphs and bool(self.prefill_sizes) and all(capturable(spec) for _, spec in self.layers)
 
     # -- prefill graphs -------------------------------------------------------------------------
     # A prefill step's forward is ~10 launches per layer, launch-bound for short prompts (tens of ms of
     # host time for a 28-layer model, even in a server where the GPU idles). Replayed as a graph, the
-    # prompts are packed into the smallest bucket of `cuda_graph_prefill_tokens` that holds them; the
-    # padding tokens form one more sequence (causal attention within each packed sequence keeps them
-    # away from the prompts; their cache slot is -1: never written); unused sequence slots are empty.
+    # prompts are packed into the smallest bucket of `cuda_graph_prefill_tokens` that holds them. The
+    # S = max_num_seqs sequence slots of cu_seqlens hold the prompts, then empty ones; the padding tokens
+    # come last, as sequence S (causal attention within each packed sequence keeps them away from the
+    # prompts; their cache slot is -1: never written; recurrent layers read only the first S, whose
+    # state slots are the prompts' rows, then the scratch row).
     def _prefill_layout(self, m: torch.Tensor, t: int) -> tuple[torch.Tensor, ...]:
         """Bucket `t`'s static inputs as views of `m` (the device buffer or its host copy), laid out from
         its start (each graph reads its own offsets): ids, positions and cache slots [t], each prompt's
-        last index [S], cu_seqlens [S + 2]. A step thus builds and uploads 3t + 2S + 2 numbers, not the
-        largest bucket's."""
+        last index [S], cu_seqlens [S + 2], state rows [S]. A step thus builds and uploads 3t + 3S + 2
+        numbers, not the largest bucket's."""
         S = self.config.max_num_seqs
-        return m[:t], m[t:2 * t], m[2 * t:3 * t], m[3 * t:3 * t + S], m[3 * t + S:3 * t + 2 * S + 2]
+        return m[:t], m[t:2 * t], m[2 * t:3 * t], m[3 * t:3 * t + S], m[3 * t + S:3 * t + 2 * S + 2], \
+            m[3 * t + 2 * S + 2:3 * t + 3 * S + 2]
 
     def _prefill_inputs(self, seqs: list[Sequence], t: int) -> torch.Tensor:
         """The host copy of bucket `t`'s part of `prefill_meta` for these prompts."""
-        meta = torch.zeros(3 * t + 2 * self.config.max_num_seqs + 2, dtype=torch.int64)
-        ids, pos, slots, last, cu = self._prefill_layout(meta, t)
+        meta = torch.zeros(3 * t + 3 * self.config.max_num_seqs + 2, dtype=torch.int64)
+        ids, pos, slots, last, cu, rows = self._prefill_layout(meta, t)
         slots.fill_(-1)                                          # padding writes no cache slot
-        cu.fill_(t)                                              # the padding sequence ends at t
-        cu[0] = 0
+        rows.fill_(self.scratch)
+        cu[-1] = t                                               # the padding sequence ends at t
         if seqs:
             packed_ids, packed_pos, packed_slots, packed_cu = self._pack(seqs)
             total, n = int(packed_cu[-1]), len(seqs)
@@ -320,31 +327,42 @@ class ModelRunner:
             slots[:total] = packed_slots
             last[:n] = packed_cu[1:] - 1
             cu[:n + 1] = packed_cu
+            cu[n + 1:-1] = total                                 # empty sequences, then the padding
+            rows[:n] = torch.tensor([s.row for s in seqs])
         return meta
 
     def _load_prefill_inputs(self, seqs: list[Sequence], t: int) -> None:
+        if self.prefill_meta is None:
+            self.prefill_meta = torch.zeros(3 * self.prefill_sizes[-1] + 3 * self.config.max_num_seqs + 2,
+                                            dtype=torch.int64, device=self.device)
+            if self.frame_model:
+                self.prefill_embeds = self.first_hidden.new_zeros((self.prefill_sizes[-1], self.first_hidden.shape[-1]))
+        if self.frame_model and seqs:
+            total = sum(s.prompt_len for s in seqs)
+            self.prefill_embeds[:total].copy_(self.model.prefill_embeds([s.prompt for s in seqs]))
         meta = self._prefill_inputs(seqs, t)
         self.prefill_meta[:len(meta)].copy_(self.upload(meta))
 
     def _prefill_body(self, t: int) -> torch.Tensor:
         """Forward of bucket `t` from the static inputs; the hidden states at each prompt's last token [S, H]."""
-        ids, pos, slots, last, cu = self._prefill_layout(self.prefill_meta, t)
+        ids, pos, slots, last, cu, rows = self._prefill_layout(self.prefill_meta, t)
         # attention's grid covers max_seqlen rows of every packed sequence: bounded by the longest prompt,
         # not by the bucket (a 32K-token bucket with 64 prompt slots would launch ~260K blocks a layer,
         # nearly all empty). Padding rows past it are left unwritten: their sequence is its own, so
         # nothing real reads them, and their cache slots are -1.
-        ctx = ForwardContext(is_prefill=True, slot_mapping=slots, state_slots=self.first_rows[:self.config.max_num_seqs],
-                             cu_seqlens=cu.int(), max_seqlen=min(t, self.config.max_model_len))
+        ctx = ForwardContext(is_prefill=True, slot_mapping=slots, state_slots=rows, cu_seqlens=cu.int(),
+                             max_seqlen=min(t, self.config.max_model_len))
         return self.model(self.prefill_embeds[:t] if self.frame_model else ids, pos, ctx)[last]
+
+    def bucket_prefill_hidden(self, seqs: list[Sequence], t: int) -> torch.Tensor:
+        """What the prefill graph of bucket `t` computes for these prompts, run eagerly (on any device):
+        each prompt's last hidden state [n, H]. Tests hold it against prefill_hidden."""
+        self._load_prefill_inputs(seqs, t)
+        return self._prefill_body(t)[:len(seqs)]
 
     def _prefill_graph(self, t: int) -> torch.cuda.CUDAGraph:
         """Captured at start only (capture_graphs): its warm-up runs on padding alone."""
         if t not in self.prefill_graphs:
-            if self.prefill_meta is None:
-                self.prefill_meta = torch.zeros(3 * self.prefill_sizes[-1] + 2 * self.config.max_num_seqs + 2,
-                                                dtype=torch.int64, device=self.device)
-                if self.frame_model:
-                    self.prefill_embeds = self.first_hidden.new_zeros((self.prefill_sizes[-1], self.first_hidden.shape[-1]))
             self._load_prefill_inputs([], t)
             torch.cuda.synchronize(self.device)
             warm = self._prefill_body(t)
@@ -382,8 +400,6 @@ class ModelRunner:
         total = sum(s.prompt_len for s in seqs)
         t = next((t for t in self.prefill_sizes if t >= total), None)
         if t in self.prefill_graphs:
-            if self.frame_model:
-                self.prefill_embeds[:total].copy_(self.model.prefill_embeds([s.prompt for s in seqs]))
             self._load_prefill_inputs(seqs, t)
             self.prefill_graphs[t].replay()
             hidden = self.first_hidden[:n]                       # written by the graph

@@ -118,22 +118,33 @@ def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weig
 DELTA_RULE_KERNEL = os.environ.get("TRITON_OMNI_DELTA_RULE_KERNEL", "0") == "1"
 
 
-def gated_delta_chunks(seq_lens: list[int], device):
-    """How gated_delta_prefill cuts the packed prompts of `seq_lens` into chunks (the torch path's
-    ChunkLayout or the kernels' GatedDeltaChunks); the same for every layer of a forward."""
-    if _enabled and DELTA_RULE_KERNEL and torch.device(device).type == "cuda":
+def delta_rule_kernel(device) -> bool:
+    """Whether the delta rule's prefill takes its Triton kernels on `device` (their chunk table is built
+    on the device, so a prefill CUDA graph can hold them; the torch path loops on the host)."""
+    return _enabled and DELTA_RULE_KERNEL and torch.device(device).type == "cuda"
+
+
+def gated_delta_chunks(cu_seqlens, seq_lens, num_tokens):
+    """How gated_delta_prefill cuts the packed prompts into chunks, the same for every layer of a
+    forward: the kernels' GatedDeltaChunks from cu_seqlens [S + 1] (device) and a bound on the tokens,
+    or the torch path's ChunkLayout from the host lengths `seq_lens`."""
+    if delta_rule_kernel(cu_seqlens.device):
         import python_backends.kernels.triton_ops as ops
 
-        return ops.GatedDeltaChunks.build(seq_lens, device)
-    return reference.ChunkLayout.build(seq_lens, reference.DELTA_CHUNK, device)
+        return ops.GatedDeltaChunks.of(cu_seqlens, num_tokens)
+    return reference.ChunkLayout.build(seq_lens, reference.DELTA_CHUNK, cu_seqlens.device)
 
 
-def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks):
+def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks, state, slots):
+    """The delta rule over the packed prompts (see reference.gated_delta_prefill): returns the outputs
+    [T, Hv, dv] fp32 and leaves prompt s's last state in state[slots[s]]."""
     if isinstance(chunks, reference.ChunkLayout):
-        return reference.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks)
+        out, states = reference.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks)
+        state.index_copy_(0, slots, states)
+        return out
     import python_backends.kernels.triton_ops as ops
 
-    return ops.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks)
+    return ops.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks, state, slots)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len):
@@ -183,6 +194,8 @@ def prefill_attention(q, k, v, seq_lens, scale, cu_seqlens=None, max_seqlen=0):
         return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                                        0.0, True, False, scale=scale)[0]
     if not q.is_cuda:
+        if seq_lens is None:        # a prefill graph's layout, run eagerly on a CPU (tests)
+            seq_lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
         return reference.prefill_attention(q, k, v, seq_lens, scale)
     # The reference's 3-D, enable_gqa call takes torch's math path on CUDA (~0.4 ms of host time per
     # layer); 4-D with the key/value heads repeated, it runs a fused kernel (fp32 included).

@@ -255,9 +255,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int],
                       scale: float) -> torch.Tensor:
-    """Causal attention within each of the packed sequences. q: [T, Hq, D], k/v: [T, Hk, D]."""
+    """Causal attention within each of the packed sequences (some may be empty). q: [T, Hq, D], k/v: [T, Hk, D]."""
     out, start = [], 0
-    for n in seq_lens:
+    for n in filter(None, seq_lens):
         qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
         out.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
                                                   enable_gqa=True).transpose(0, 1))

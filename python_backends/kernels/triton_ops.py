@@ -38,7 +38,6 @@ import triton
 import triton.language as tl
 
 from python_backends.kernels import reference
-from python_backends.runtime.device import upload
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -667,20 +666,25 @@ def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weig
 #       (I + A)^-1 by forward substitution, Wv, Wk, O0 (written to the output rows), E, KG and the
 #       chunk's total decay, into per-chunk buffers padded to BLOCK_K / BLOCK_V columns (zeros).
 #   _gated_delta_scan_kernel   program (prompt, value head, block of dv): the prompt's chunks in order
-#       with its state block in registers: O += E S, U = Wv - Wk S, S = decay S + KG^T U; the last S.
-# Products are fp32 at full precision (no tf32), as the torch path's.
+#       with its state block in registers: O += E S, U = Wv - Wk S, S = decay S + KG^T U; the last S
+#       straight into the prompt's state slot.
+# Products are fp32 at full precision (no tf32), as the torch path's. The chunk table is built on the
+# device from cu_seqlens and the grids are sized from shapes alone (programs past the last chunk, and
+# prompts of no tokens, return at once), so a prefill CUDA graph can hold both launches.
 
 @triton.jit
 def _gated_delta_chunk_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cu_ptr, first_ptr, seq_ptr,
     wv_ptr, wk_ptr, e_ptr, kg_ptr, decay_ptr, o_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_bt, stride_ot, stride_oh,
-    H, DK, DV, REP, q_scale,
+    S, H, DK, DV, REP, q_scale,
     C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     n = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.load(seq_ptr + n)
+    if s >= S:                                                  # past the last chunk
+        return
     start = tl.load(cu_ptr + s) + (n - tl.load(first_ptr + s)) * C
     t = tl.arange(0, C)
     valid = start + t < tl.load(cu_ptr + s + 1)
@@ -734,14 +738,16 @@ def _gated_delta_chunk_kernel(
 
 @triton.jit
 def _gated_delta_scan_kernel(
-    wv_ptr, wk_ptr, e_ptr, kg_ptr, decay_ptr, o_ptr, state_ptr, cu_ptr, first_ptr,
-    stride_ot, stride_oh, H, DK, DV,
+    wv_ptr, wk_ptr, e_ptr, kg_ptr, decay_ptr, o_ptr, state_ptr, slot_ptr, cu_ptr, first_ptr,
+    stride_ot, stride_oh, stride_ss, stride_sh, H, DK, DV,
     C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_V: tl.constexpr,
 ):
     s = tl.program_id(0)
     h = tl.program_id(1)
     first = tl.load(first_ptr + s)
     count = tl.load(first_ptr + s + 1) - first
+    if count == 0:                                              # no prompt here: its slot is left alone
+        return
     start, end = tl.load(cu_ptr + s), tl.load(cu_ptr + s + 1)
     t, kd = tl.arange(0, C), tl.arange(0, BLOCK_K)
     vd = tl.program_id(2) * SPLIT_V + tl.arange(0, SPLIT_V)
@@ -759,60 +765,69 @@ def _gated_delta_scan_kernel(
         S = S * tl.load(decay_ptr + (first + m) * H + h) + tl.dot(tl.trans(tl.load(kg_ptr + ck)), U,
                                                                   input_precision="ieee")
     smask = (kd < DK)[:, None] & (vd < DV)[None, :]
-    tl.store(state_ptr + ((s * H + h).to(tl.int64) * DK + kd)[:, None] * DV + vd[None, :], S, mask=smask)
+    head = state_ptr + tl.load(slot_ptr + s).to(tl.int64) * stride_ss + h * stride_sh
+    tl.store(head + kd[:, None] * DV + vd[None, :], S, mask=smask)
 
 
 @dataclass
 class GatedDeltaChunks:
     """The packed prompts' chunks for gated_delta_prefill, numbered prompt by prompt: prompt s has
-    tokens cu[s] .. cu[s+1] - 1 and chunks first[s] .. first[s+1] - 1; seq[n] is chunk n's prompt."""
+    tokens cu[s] .. cu[s+1] - 1 and chunks first[s] .. first[s+1] - 1; seq[n] is chunk n's prompt, S
+    for the table's spare entries past the last chunk."""
     cu: torch.Tensor              # [S + 1] int32
     first: torch.Tensor           # [S + 1] int32
-    seq: torch.Tensor             # [N] int32
+    seq: torch.Tensor             # [N] int32: N from shapes, at least the chunk count
     chunk_size: int
 
     @classmethod
-    def build(cls, seq_lens: list[int], device, chunk_size: int = reference.DELTA_CHUNK) -> "GatedDeltaChunks":
-        lens = torch.tensor(seq_lens, dtype=torch.int32)
-        counts = (lens + chunk_size - 1) // chunk_size
-        zero = torch.zeros(1, dtype=torch.int32)
-        host = torch.cat([zero, lens.cumsum(0), zero, counts.cumsum(0),
-                          torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), counts)])
-        sizes = [len(lens) + 1, len(lens) + 1, int(counts.sum())]
-        cu, first, seq = upload(host, device, torch.int32).split(sizes)
+    def of(cls, cu_seqlens: torch.Tensor, num_tokens: int, chunk_size: int = reference.DELTA_CHUNK) -> "GatedDeltaChunks":
+        """From the prompts' cu_seqlens [S + 1] on the device, with no host sync (a CUDA graph may hold
+        it); `num_tokens` bounds cu_seqlens[-1]. Prompts may be empty; tokens past the last prompt belong
+        to none. A prompt of length L has ceil(L / C) <= L // C + 1 chunks: N = num_tokens // C + S."""
+        cu = cu_seqlens.int()
+        counts = (cu[1:] - cu[:-1] + chunk_size - 1) // chunk_size
+        first = torch.cat([cu.new_zeros(1), counts.cumsum(0).int()])
+        n = torch.arange(num_tokens // chunk_size + len(counts), dtype=torch.int32, device=cu.device)
+        seq = torch.searchsorted(first[1:], n, right=True).int()
         return cls(cu, first, seq, chunk_size)
 
 
 SCAN_SPLIT_V = 64           # value columns per scan program (the state block it keeps in registers)
 
 
-def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks: GatedDeltaChunks):
-    """See kernels.reference.gated_delta_prefill (the same arguments, with a GatedDeltaChunks for the
-    layout). Strided row and head views are fine. Two launches whatever the prompts."""
+def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks: GatedDeltaChunks, state: torch.Tensor,
+                        slots: torch.Tensor) -> torch.Tensor:
+    """See kernels.reference.gated_delta_prefill (the same inputs, with a GatedDeltaChunks for the
+    layout); prompt s's last state goes straight to state[slots[s]] (state [num_slots, Hv, dk, dv] fp32,
+    slots [S]; an empty prompt's slot is left alone). Returns the outputs [T, Hv, dv] fp32 (rows of no
+    prompt are left unwritten). Strided row and head views are fine. Two launches whatever the prompts."""
     T, Hk, DK = q.shape
     H, DV = v.shape[1], v.shape[2]
     S, N, C = len(chunks.cu) - 1, len(chunks.seq), chunks.chunk_size
     assert k.shape == q.shape and v.shape[0] == T and a.shape == b.shape == (T, H) and H % Hk == 0
+    assert slots.shape == (S,) and state.shape[1:] == (H, DK, DV) and state.dtype == torch.float32
+    assert state.stride(-1) == 1 and state.stride(-2) == DV
     # (torch's conv on a CPU returns its output column-major)
     q, k, v, a, b = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, a, b))
     BLOCK_K, BLOCK_V = max(16, triton.next_power_of_2(DK)), max(16, triton.next_power_of_2(DV))
     f32 = dict(dtype=torch.float32, device=q.device)
-    o, states = torch.empty((T, H, DV), **f32), torch.empty((S, H, DK, DV), **f32)
+    o = torch.empty((T, H, DV), **f32)
     if N == 0:
-        return o, states
+        return o
     wv = torch.empty((N, H, C, BLOCK_V), **f32)
     wk, e, kg = (torch.empty((N, H, C, BLOCK_K), **f32) for _ in range(3))
     decay = torch.empty((N, H), **f32)
     _gated_delta_chunk_kernel[(N, H)](
         q, k, v, a, b, A_log, dt_bias, chunks.cu, chunks.first, chunks.seq, wv, wk, e, kg, decay, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
-        o.stride(0), o.stride(1), H, DK, DV, H // Hk, DK ** -0.5,
+        o.stride(0), o.stride(1), S, H, DK, DV, H // Hk, DK ** -0.5,
         C=C, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps=8)
     split = min(BLOCK_V, SCAN_SPLIT_V)
     _gated_delta_scan_kernel[(S, H, BLOCK_V // split)](
-        wv, wk, e, kg, decay, o, states, chunks.cu, chunks.first, o.stride(0), o.stride(1), H, DK, DV,
+        wv, wk, e, kg, decay, o, state, slots.contiguous(), chunks.cu, chunks.first, o.stride(0), o.stride(1),
+        state.stride(0), state.stride(1), H, DK, DV,
         C=C, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, SPLIT_V=split, num_warps=4)
-    return o, states
+    return o
 
 
 # --------------------------------------------------------------------------------------------------

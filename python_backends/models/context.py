@@ -18,7 +18,7 @@ class ForwardContext:
     state_slots: torch.Tensor             # [B] int64: recurrent-state slot per sequence
     # prefill: tokens of B sequences packed one after another
     seq_lens: list[int] | None = None     # host copy, prefill only
-    cu_seqlens: torch.Tensor | None = None  # [B+1] int32
+    cu_seqlens: torch.Tensor | None = None  # [B+1] int32 ([B+2] in a prefill graph: see prompts_cu)
     max_seqlen: int = 0                   # host bound on every packed length (varlen attention's grid)
     # decode: one token per sequence
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
@@ -27,6 +27,11 @@ class ForwardContext:
     # what a model derives from the host fields once per forward and every layer reuses (e.g. the
     # delta rule's chunk layout, uploaded once rather than once per layer)
     memo: dict = field(default_factory=dict)
+
+    def prompts_cu(self) -> torch.Tensor:
+        """cu_seqlens of the prompts that own state slots, [len(state_slots) + 1]. A prefill graph packs
+        its padding tokens after them as one more sequence, which attention sees and recurrent layers must not."""
+        return self.cu_seqlens[:len(self.state_slots) + 1]
 
 
 @dataclass(frozen=True)

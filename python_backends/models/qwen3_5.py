@@ -65,7 +65,7 @@ class Qwen3_5GatedDeltaNet(nn.Module):
         """silu(causal depthwise conv) of the packed prompts x [T, conv_dim]; keeps each prompt's last window."""
         # a prompt's last K - 1 inputs (zeros before its start) are what its first decode step extends;
         # copied whole, so a reused slot keeps nothing of its previous request
-        last = ctx.cu_seqlens[1:].long() - 1
+        last = ctx.prompts_cu()[1:].long() - 1
         offsets = torch.arange(2 - self.kernel_size, 1, device=x.device)
         rows = last[:, None] + offsets                                               # [S, K - 1]
         valid = (positions[last][:, None] + offsets >= 0).to(x.dtype)
@@ -93,12 +93,12 @@ class Qwen3_5GatedDeltaNet(nn.Module):
             return self.out_proj(o.reshape(T, self.value_dim))
         q, k, v = self._prefill_conv(qkv, positions, ctx).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         chunks = ctx.memo.get("delta_rule_chunks")
-        if chunks is None:      # the same for every layer of this forward: built and uploaded once
-            chunks = ctx.memo["delta_rule_chunks"] = dispatch.gated_delta_chunks(ctx.seq_lens, q.device)
-        o, states = dispatch.gated_delta_prefill(
+        if chunks is None:      # the same for every layer of this forward: built once
+            chunks = ctx.memo["delta_rule_chunks"] = dispatch.gated_delta_chunks(ctx.prompts_cu(), ctx.seq_lens, T)
+        o = dispatch.gated_delta_prefill(
             q.view(T, self.num_k_heads, self.head_k_dim), k.view(T, self.num_k_heads, self.head_k_dim),
-            v.view(T, self.num_v_heads, self.head_v_dim), a, b, self.A_log, self.dt_bias, chunks)
-        self.ssm_state.index_copy_(0, ctx.state_slots, states)
+            v.view(T, self.num_v_heads, self.head_v_dim), a, b, self.A_log, self.dt_bias, chunks,
+            self.ssm_state, ctx.state_slots)
         o = self.norm(o.to(projected.dtype), z)
         return self.out_proj(o.reshape(T, self.value_dim))
 
