@@ -112,3 +112,32 @@ def assert_int16_equal(a, b) -> None:
     diff = np.abs(a.astype(int) - b.astype(int))
     assert diff.max() == 0, (f"{(diff > 0).sum()} of {diff.size} samples differ, by up to {diff.max()}, "
                              f"the first at {np.argmax(diff > 0)}")
+
+
+def admitted_prompts(engine, prompts: list[list[int]]) -> list:
+    """The engine's first prefill step for these prompts, scheduled and admitted (rows, blocks, device
+    state) but not run: for tests that drive the runner's prefill paths themselves."""
+    from python_backends.ar.sampling import SamplingParams
+
+    for p in prompts:
+        engine.add(p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    engine._drain_inbox()
+    seqs = engine.scheduler.schedule().seqs
+    engine.runner.admit(seqs, set())
+    return seqs
+
+
+def prefill_twice(runner, seqs, caches: list[torch.Tensor], second):
+    """Fill `caches` with stale values, run the eager prefill (runner.prefill_hidden), keep what it
+    left in them, restore the stale values and run `second()` (another prefill path) from them.
+    Returns (eager's last hidden states, second()'s result, the caches after eager, the stale caches)."""
+    for c in caches:
+        c.normal_()
+    stale = [c.clone() for c in caches]
+    with torch.inference_mode():
+        eager = runner.prefill_hidden(seqs).clone()
+        after_eager = [c.clone() for c in caches]
+        for c, s in zip(caches, stale):
+            c.copy_(s)
+        result = second()
+    return eager, result, after_eager, stale

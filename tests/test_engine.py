@@ -11,6 +11,7 @@ from python_backends.ar.engine import LLMEngine
 from python_backends.ar.sampling import SamplingParams
 from python_backends.models.registry import load_causal_lm
 from python_backends.runtime.errors import InvalidInput
+from tests.conftest import admitted_prompts, prefill_twice
 
 PROMPTS = [[5, 6, 7, 8, 9], [40, 41], [100 + i for i in range(30)], [7] * 12, [300, 200, 100]]
 
@@ -170,25 +171,12 @@ def test_prefill_graph_body_equals_eager_prefill(folder):
     padding tokens, 5 empty sequences) give prefill_hidden's last hidden states and the same cache
     rows, and write no other cache row."""
     engine = make_engine(folder, cuda_graph_prefill_tokens=[16, 64])
-    for p in PROMPTS[:3]:
-        engine.add(p, SamplingParams(max_tokens=4))
-    engine._drain_inbox()
-    seqs = engine.scheduler.schedule().seqs
-    runner = engine.runner
-    runner.admit(seqs, set())
+    seqs, runner = admitted_prompts(engine, PROMPTS[:3]), engine.runner
     caches = [c for module, _ in runner.layers for c in (module.k_cache, module.v_cache)]
-    for c in caches:
-        c.normal_()
-    before = [c.clone() for c in caches]
-    with torch.inference_mode():
-        eager = runner.prefill_hidden(seqs).clone()
-        after_eager = [c.clone() for c in caches]
-        for c, b in zip(caches, before):
-            c.copy_(b)
-        bucket = runner.bucket_prefill_hidden(seqs, 64)
+    eager, bucket, after_eager, stale = prefill_twice(runner, seqs, caches, lambda: runner.bucket_prefill_hidden(seqs, 64))
     torch.testing.assert_close(bucket, eager, atol=1e-5, rtol=1e-5)
-    for c, e, b in zip(caches, after_eager, before):
-        assert not torch.equal(e, b)
+    for c, e, s in zip(caches, after_eager, stale):
+        assert not torch.equal(e, s)
         torch.testing.assert_close(c, e, atol=1e-5, rtol=1e-5)     # the prompts' rows; no others written
 
 

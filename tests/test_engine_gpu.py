@@ -9,6 +9,7 @@ from python_backends.ar.config import EngineConfig
 from python_backends.ar.engine import LLMEngine
 from python_backends.ar.sampling import SamplingParams
 from python_backends.models.registry import load_causal_lm
+from tests.conftest import admitted_prompts, prefill_twice
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 PROMPTS = [[5, 6, 7, 8, 9], [40, 41], [100 + i for i in range(30)], [7] * 12, [300, 200, 100]]
@@ -72,28 +73,23 @@ def test_prefill_graph_equals_eager_prefill_and_writes_only_the_prompts_slots(ti
     assert r.use_prefill_graphs
     r.capture_graphs()
     assert sorted(r.prefill_graphs) == buckets
-    for p in PROMPTS[:3]:
-        e.add(p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    e._drain_inbox()
-    seqs = e.scheduler.schedule().seqs
-    r.admit(seqs, set())
+    seqs = admitted_prompts(e, PROMPTS[:3])
     layer = r.layers[0][0]
     slots = torch.tensor([b * e.blocks.block_size + i % e.blocks.block_size
                           for s in seqs for i, b in ((i, s.block_table[i // e.blocks.block_size]) for i in range(s.prompt_len))])
     others = torch.ones(layer.k_cache.shape[0] * layer.k_cache.shape[1], dtype=torch.bool)
     others[slots] = False
-    layer.k_cache.normal_()
-    before = layer.k_cache.clone()
-    with torch.inference_mode():
-        eager = r.prefill_hidden(seqs).clone()
-        k_eager = layer.k_cache.clone()
-        layer.k_cache.copy_(before)
-        r.prefill_hidden = None                           # the graph path must not fall back to it
-        r.prefill(seqs).result()
+    eager, _, (k_eager,), (stale,) = prefill_twice(r, seqs, [layer.k_cache], lambda: graph_prefill(r, seqs))
     torch.testing.assert_close(r.first_hidden[:3].float(), eager.float(), atol=5e-2, rtol=5e-2)
-    flat, flat_eager, flat_before = (c.view(-1, *c.shape[2:]) for c in (layer.k_cache, k_eager, before))
+    flat, flat_eager, flat_stale = (c.view(-1, *c.shape[2:]) for c in (layer.k_cache, k_eager, stale))
     torch.testing.assert_close(flat[slots].float(), flat_eager[slots].float(), atol=5e-2, rtol=5e-2)
-    assert torch.equal(flat[others.cuda()], flat_before[others.cuda()])
+    assert torch.equal(flat[others.cuda()], flat_stale[others.cuda()])
+
+
+def graph_prefill(runner, seqs) -> None:
+    """runner.prefill(seqs) through its graph: prefill_hidden (the eager path) is taken away first."""
+    runner.prefill_hidden = None
+    runner.prefill(seqs).result()
 
 
 def test_qwen3_5_prefill_graph_equals_eager_prefill(tiny_checkpoints, monkeypatch):
@@ -108,26 +104,13 @@ def test_qwen3_5_prefill_graph_equals_eager_prefill(tiny_checkpoints, monkeypatc
     assert r.use_prefill_graphs
     r.capture_graphs()
     assert sorted(r.prefill_graphs) == [16, 64]
-    for p in PROMPTS[:3]:
-        e.add(p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    e._drain_inbox()
-    seqs = e.scheduler.schedule().seqs
-    r.admit(seqs, set())
+    seqs = admitted_prompts(e, PROMPTS[:3])
     states = [s for m, _ in r.layers for s in (getattr(m, "ssm_state", None), getattr(m, "conv_state", None))
               if s is not None]
-    for s in states:
-        s.normal_()
-    before = [s.clone() for s in states]
-    with torch.inference_mode():
-        eager = r.prefill_hidden(seqs).clone()
-        after_eager = [s.clone() for s in states]
-        for s, b in zip(states, before):
-            s.copy_(b)
-        r.prefill_hidden = None                           # the graph path must not fall back to it
-        r.prefill(seqs).result()
+    eager, _, after_eager, stale = prefill_twice(r, seqs, states, lambda: graph_prefill(r, seqs))
     torch.testing.assert_close(r.first_hidden[:3].float(), eager.float(), atol=5e-2, rtol=5e-2)
     rows = [s.row for s in seqs]
     others = [i for i in range(r.scratch) if i not in rows]
-    for s, after, b in zip(states, after_eager, before):
+    for s, after, old in zip(states, after_eager, stale):
         torch.testing.assert_close(s[rows].float(), after[rows].float(), atol=5e-2, rtol=5e-2)
-        assert torch.equal(s[others], b[others])
+        assert torch.equal(s[others], old[others])

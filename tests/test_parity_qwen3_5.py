@@ -19,6 +19,7 @@ from python_backends.ar.model_runner import ModelRunner
 from python_backends.ar.sampling import SamplingParams
 from python_backends.models.context import AttentionCacheSpec, ForwardContext
 from python_backends.models.registry import load_causal_lm
+from tests.conftest import admitted_prompts, prefill_twice
 
 transformers = pytest.importorskip("transformers")
 from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5TextConfig  # noqa: E402
@@ -176,29 +177,16 @@ def test_prefill_graph_body_equals_eager_prefill(pair, monkeypatch):
     _, _, ours = pair
     engine = LLMEngine(ours, EngineConfig(max_num_seqs=6, max_model_len=128, cuda_graph_prefill_tokens=[16, 128]),
                        "cpu", torch.float32, eos_token_ids=[], vocab_size=VOCAB)
-    for p in prompts(seed=6):
-        engine.add(p, SamplingParams(max_tokens=4))
-    engine._drain_inbox()
-    seqs = engine.scheduler.schedule().seqs
-    runner = engine.runner
-    runner.admit(seqs, set())
+    seqs, runner = admitted_prompts(engine, prompts(seed=6)), engine.runner
     # the state rows but the scratch row (where the graph may put the empty sequences' conv windows)
     real = slice(0, runner.scratch)
     caches = [c for m, spec in runner.layers
               for c in ((m.k_cache, m.v_cache) if isinstance(spec, AttentionCacheSpec)
                         else (m.conv_state[real], m.ssm_state[real]))]
-    for c in caches:
-        c.normal_()
-    before = [c.clone() for c in caches]
-    with torch.inference_mode():
-        eager = runner.prefill_hidden(seqs).clone()
-        after_eager = [c.clone() for c in caches]
-        for c, b in zip(caches, before):
-            c.copy_(b)
-        bucket = runner.bucket_prefill_hidden(seqs, 128)
+    eager, bucket, after_eager, stale = prefill_twice(runner, seqs, caches, lambda: runner.bucket_prefill_hidden(seqs, 128))
     torch.testing.assert_close(bucket, eager, atol=1e-5, rtol=1e-5)
-    for c, e, b in zip(caches, after_eager, before):
-        assert not torch.equal(e, b)
+    for c, e, s in zip(caches, after_eager, stale):
+        assert not torch.equal(e, s)
         torch.testing.assert_close(c, e, atol=1e-5, rtol=1e-5)
 
 
