@@ -78,16 +78,20 @@ def qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin
     return q, k
 
 
+def causal_windows(x: torch.Tensor, ends: torch.Tensor, positions: torch.Tensor, width: int) -> torch.Tensor:
+    """The `width` rows of packed prompts x [T, C] that end at each row of `ends` [N], oldest first ->
+    [N, width, C]. positions [T]: each token's position in its prompt; rows before an end's prompt
+    starts are zero, so packed prompts do not see each other."""
+    offsets = torch.arange(1 - width, 1, device=x.device)
+    valid = (positions[ends][:, None] + offsets >= 0).to(x.dtype)
+    return x[(ends[:, None] + offsets).clamp(min=0)] * valid[..., None]
+
+
 def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The depthwise causal conv + silu over packed prompts. x [T, C]; weight [C, K]; positions [T]: each
-    token's position in its prompt (taps before a prompt's start are zero, so packed prompts do not
-    see each other) -> [T, C] in x's dtype."""
-    K = weight.shape[1]
-    offsets = torch.arange(1 - K, 1, device=x.device)
-    rows = torch.arange(x.shape[0], device=x.device)[:, None] + offsets              # [T, K]
-    valid = (positions[:, None] + offsets >= 0).to(x.dtype)
-    windows = x[rows.clamp(min=0)] * valid[..., None]                                # [T, K, C]
-    return F.silu(torch.einsum("tkc,ck->tc", windows, weight))
+    token's position in its prompt (see causal_windows) -> [T, C] in x's dtype."""
+    windows = causal_windows(x, torch.arange(x.shape[0], device=x.device), positions, weight.shape[1])
+    return F.silu(torch.einsum("tkc,ck->tc", windows, weight))                       # windows [T, K, C]
 
 
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,

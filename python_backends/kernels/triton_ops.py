@@ -584,6 +584,16 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, positions: torc
 
 
 @triton.jit
+def _delta_gates(a, b, alog_ptr, dtb_ptr, h):
+    """Gated DeltaNet's write strength beta = sigmoid(b) (rounded to b's dtype, as the model computes it)
+    and log decay g = -exp(A_log[h]) * softplus(a + dt_bias[h]), both fp32, from the raw projections."""
+    beta = (1.0 / (1.0 + tl.exp(-b.to(tl.float32)))).to(b.dtype).to(tl.float32)
+    x = a.to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    return beta, -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus
+
+
+@triton.jit
 def _gated_delta_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, state_ptr, slot_ptr, z_ptr, nw_ptr, out_ptr,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ab, stride_bb, stride_zb, stride_zh,
@@ -606,11 +616,8 @@ def _gated_delta_decode_kernel(
     v_raw = tl.load(v_ptr + bi * stride_vb + h * stride_vh + vd, mask=vmask, other=0.0)
     v = v_raw.to(tl.float32)
 
-    b_in = tl.load(b_ptr + bi * stride_bb + h)
-    beta = (1.0 / (1.0 + tl.exp(-b_in.to(tl.float32)))).to(b_in.dtype).to(tl.float32)   # sigmoid in b's dtype
-    x = tl.load(a_ptr + bi * stride_ab + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-    g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus
+    beta, g = _delta_gates(tl.load(a_ptr + bi * stride_ab + h), tl.load(b_ptr + bi * stride_bb + h), alog_ptr,
+                           dtb_ptr, h)
 
     s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + kd[:, None] * DV + vd[None, :]
     smask = kmask[:, None] & vmask[None, :]
@@ -697,14 +704,11 @@ def _gated_delta_chunk_kernel(
     v = tl.load(v_ptr + rows[:, None] * stride_vt + h * stride_vh + vd[None, :], mask=vmask, other=0.0).to(tl.float32)
     q = q * (tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6) * q_scale)[:, None]
     k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
-    b_in = tl.load(b_ptr + rows * stride_bt + h, mask=valid, other=0.0)
-    beta = (1.0 / (1.0 + tl.exp(-b_in.to(tl.float32)))).to(b_in.dtype).to(tl.float32)   # sigmoid in b's dtype
-    x = tl.load(a_ptr + rows * stride_at + h, mask=valid, other=0.0).to(tl.float32)
-    x += tl.load(dtb_ptr + h).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    beta, g = _delta_gates(tl.load(a_ptr + rows * stride_at + h, mask=valid, other=0.0),
+                           tl.load(b_ptr + rows * stride_bt + h, mask=valid, other=0.0), alog_ptr, dtb_ptr, h)
     # slots past the prompt's end: beta = 0 and g = 0 (with k = v = 0) leave the state as it is
     beta = tl.where(valid, beta, 0.0)
-    g = tl.where(valid, -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus, 0.0)
+    g = tl.where(valid, g, 0.0)
     G = tl.cumsum(g, axis=0)                                    # log decay since the chunk's start
 
     r, c = t[:, None], t[None, :]

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from python_backends.kernels import dispatch
+from python_backends.kernels import dispatch, reference
 from python_backends.models.attention import PagedAttention
 from python_backends.models.context import ForwardContext, RecurrentStateSpec
 from python_backends.models.decoder import PACKED, CausalLM, DecoderLayer, DecoderModel
@@ -66,10 +66,7 @@ class Qwen3_5GatedDeltaNet(nn.Module):
         # a prompt's last K - 1 inputs (zeros before its start) are what its first decode step extends;
         # copied whole, so a reused slot keeps nothing of its previous request
         last = ctx.prompts_cu()[1:].long() - 1
-        offsets = torch.arange(2 - self.kernel_size, 1, device=x.device)
-        rows = last[:, None] + offsets                                               # [S, K - 1]
-        valid = (positions[last][:, None] + offsets >= 0).to(x.dtype)
-        window = x[rows.clamp(min=0)] * valid[..., None]                             # [S, K - 1, C]
+        window = reference.causal_windows(x, last, positions, self.kernel_size - 1)     # [S, K - 1, C]
         self.conv_state.index_copy_(0, ctx.state_slots, window.transpose(1, 2).to(self.conv_state.dtype))
         return dispatch.causal_conv1d_prefill(x, self.conv1d.weight[:, 0], positions)
 
