@@ -3,6 +3,7 @@
 #               tritonserver, stream a chat answer, write outputs/, stop the server
 #   make test   set up and run the whole test suite
 PY := .venv/bin/python
+OMNI := .venv/bin/triton-omni
 
 .PHONY: setup demo test repo check-repo tiny serve clean
 
@@ -10,13 +11,13 @@ setup:
 	bash scripts/setup.sh
 
 tiny: setup
-	$(PY) -m converters tiny
+	$(OMNI) tiny
 
 repo: setup
-	$(PY) -m converters build
+	$(OMNI) build
 
 check-repo: setup
-	$(PY) -m converters check
+	$(OMNI) check
 
 demo: setup
 	$(PY) scripts/demo.py
@@ -26,7 +27,7 @@ test: setup
 	$(PY) -m pytest -q tests
 
 serve: setup tiny
-	$(PY) -m launcher serve --model-repository model_repository --models qwen3_chat
+	$(OMNI) serve --model-repository model_repository --models qwen3_chat
 
 clean:
 	rm -rf .venv checkpoints outputs

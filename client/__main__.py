@@ -1,6 +1,6 @@
-"""`python -m client chat|speech|transcribe|image|edit|video ...` (see client/cli.py)."""
+"""`python -m triton_omni.client chat|speech|transcribe|image|edit|video ...` (see client/cli.py)."""
 import sys
 
-from client.cli import main
+from triton_omni.client.cli import main
 
 sys.exit(main())

@@ -10,8 +10,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from client.tensors import first, text
-from client.triton import responses
+from triton_omni.client.tensors import first, text
+from triton_omni.client.triton import responses
 
 
 @dataclass

@@ -1,11 +1,11 @@
-"""`python -m client TASK ...`: one subcommand per task, outputs written to files.
+"""`python -m triton_omni.client TASK ...`: one subcommand per task, outputs written to files.
 
-    python -m client chat --model qwen3_chat "Write a haiku" -o answer.txt
-    python -m client speech --model orpheus_tts "Hello there" --voice tara -o hello.wav
-    python -m client transcribe --model whisper speech.wav
-    python -m client image --model z_image_turbo "a red fox" --size 512x512 -o fox.png
-    python -m client edit --model flux2_klein --image fox.png "make it blue" -o blue.png
-    python -m client video --model wan "waves at dusk" --seconds 2 -o waves.mp4
+    python -m triton_omni.client chat --model qwen3_chat "Write a haiku" -o answer.txt
+    python -m triton_omni.client speech --model orpheus_tts "Hello there" --voice tara -o hello.wav
+    python -m triton_omni.client transcribe --model whisper speech.wav
+    python -m triton_omni.client image --model z_image_turbo "a red fox" --size 512x512 -o fox.png
+    python -m triton_omni.client edit --model flux2_klein --image fox.png "make it blue" -o blue.png
+    python -m triton_omni.client video --model wan "waves at dusk" --seconds 2 -o waves.mp4
 
 `--url host:8001` talks gRPC (default), `--url http://host:8000` HTTP. Streamed text goes to stdout
 as it arrives; progress and statistics go to stderr, so stdout stays clean for pipes.
@@ -19,11 +19,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from client.chat import ChatClient
-from client.image import ImageClient
-from client.speech import FORMATS, SpeechClient
-from client.transcribe import TranscribeClient
-from client.video import VideoClient
+from triton_omni.client.chat import ChatClient
+from triton_omni.client.image import ImageClient
+from triton_omni.client.speech import FORMATS, SpeechClient
+from triton_omni.client.transcribe import TranscribeClient
+from triton_omni.client.video import VideoClient
 
 
 def log(msg: str) -> None:
@@ -168,7 +168,7 @@ def video(args) -> int:
 
 # -- arguments -----------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m client", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m triton_omni.client", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default="localhost:8001",

@@ -1,8 +1,8 @@
 """Images (routes `image_generation` and `image_edit`): encoded images out (png, jpeg, webp)."""
 from __future__ import annotations
 
-from client.tensors import items
-from client.triton import responses
+from triton_omni.client.tensors import items
+from triton_omni.client.triton import responses
 
 
 def image_values(prompt: str, negative_prompt: str | None = None, size: str | None = None,

@@ -47,7 +47,7 @@ def make_inputs(module, values: dict[str, tuple[Any, str]]) -> list:
     return inputs
 
 
-# -- reading outputs (batch dimension already removed: see client.triton) --------------------------
+# -- reading outputs (batch dimension already removed: see triton_omni.client.triton) --------------------------
 def first(outputs: dict[str, np.ndarray], name: str, default: Any = None) -> Any:
     """The first element of an output, as a Python value (bytes for BYTES tensors)."""
     value = outputs.get(name)

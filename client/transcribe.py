@@ -1,8 +1,8 @@
 """Speech to text (route `transcription`): encoded audio in (wav, mp3, flac, ...), text out."""
 from __future__ import annotations
 
-from client.tensors import text
-from client.triton import responses
+from triton_omni.client.tensors import text
+from triton_omni.client.triton import responses
 
 
 class TranscribeClient:

@@ -20,7 +20,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from client.tensors import as_array, make_inputs
+from triton_omni.client.tensors import as_array, make_inputs
 
 Outputs = dict[str, np.ndarray]          # one response's tensors, batch dimension removed
 Values = dict[str, tuple[Any, str]]       # input name -> (value, Triton dtype); None: left out

@@ -1,9 +1,9 @@
 """Video generation (route `video`): an MP4 out, optionally from a first frame."""
 from __future__ import annotations
 
-from client.image import image_values
-from client.tensors import first
-from client.triton import responses
+from triton_omni.client.image import image_values
+from triton_omni.client.tensors import first
+from triton_omni.client.triton import responses
 
 
 class VideoClient:

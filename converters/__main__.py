@@ -1,9 +1,9 @@
 """Command line:
 
-    python -m converters build [--models NAME ...] [--target cpu|gpu] [--out model_repository]
+    python -m triton_omni.converters build [--models NAME ...] [--target cpu|gpu] [--out model_repository]
                                [--checkpoint NAME=DIR ...] [--set NAME.STEP.PARAM=VALUE ...]
-    python -m converters check      # the committed model_repository/ equals what `build` generates
-    python -m converters tiny [--out checkpoints/tiny]   # tiny random checkpoints for demo and tests
+    python -m triton_omni.converters check      # the committed model_repository/ equals what `build` generates
+    python -m triton_omni.converters tiny [--out checkpoints/tiny]   # tiny random checkpoints for demo and tests
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from converters.generate import write_repository
-from converters.schema import ConfigError, EnsembleConfig, apply_override, load_ensemble
+from triton_omni.converters.generate import write_repository
+from triton_omni.converters.schema import ConfigError, EnsembleConfig, apply_override, load_ensemble
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "ensemble_configs"
@@ -49,7 +49,7 @@ def tree(path: Path) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m converters")
+    ap = argparse.ArgumentParser(prog="python -m triton_omni.converters")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="write a model repository from ensemble_configs/")
     b.add_argument("--models", nargs="*", default=None, help="ensembles to include (default: all)")
@@ -73,11 +73,11 @@ def main(argv: list[str] | None = None) -> int:
                 want, have = tree(Path(tmp)), tree(REPO_DIR)
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
             if diff:
-                print("model_repository/ is stale; run `python -m converters build`. Differs: " + ", ".join(diff))
+                print("model_repository/ is stale; run `python -m triton_omni.converters build`. Differs: " + ", ".join(diff))
                 return 1
             print("model_repository/ is up to date")
         elif args.cmd == "tiny":
-            from converters.tiny import build
+            from triton_omni.converters.tiny import build
 
             for name, folder in build(args.out).items():
                 print(f"{name}: {folder}")

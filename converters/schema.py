@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from python_backends.runtime.params import field_types, format_value, parse_value
-from python_backends.runtime.step import STEPS, Step
+from triton_omni.runtime.params import field_types, format_value, parse_value
+from triton_omni.runtime.step import STEPS, Step
 
 TARGETS = ("cpu", "gpu")
 
@@ -182,7 +182,7 @@ def _check_parameters(file, where: str, step: StepConfig) -> None:
 
 
 def load_ensemble(path: str | Path) -> EnsembleConfig:
-    import python_backends.steps  # noqa: F401 - registers every step class
+    import triton_omni.steps  # noqa: F401 - registers every step class
 
     path = Path(path)
     try:

@@ -100,14 +100,14 @@ def _chat_builder(make):
 
 
 def builders() -> dict:
-    from converters.tiny_bagel import BUILDERS as BAGEL
-    from converters.tiny_chatterbox import BUILDERS as CHATTERBOX
-    from converters.tiny_fish import BUILDERS as FISH
-    from converters.tiny_image import BUILDERS as IMAGE
-    from converters.tiny_joyimage import BUILDERS as JOYIMAGE
-    from converters.tiny_omnivoice import BUILDERS as OMNIVOICE
+    from triton_omni.converters.tiny_bagel import BUILDERS as BAGEL
+    from triton_omni.converters.tiny_chatterbox import BUILDERS as CHATTERBOX
+    from triton_omni.converters.tiny_fish import BUILDERS as FISH
+    from triton_omni.converters.tiny_image import BUILDERS as IMAGE
+    from triton_omni.converters.tiny_joyimage import BUILDERS as JOYIMAGE
+    from triton_omni.converters.tiny_omnivoice import BUILDERS as OMNIVOICE
     from converters.tiny_qwen3_tts import BUILDERS as QWEN3_TTS
-    from converters.tiny_tts import BUILDERS as TTS
+    from triton_omni.converters.tiny_tts import BUILDERS as TTS
 
     return {"qwen3": _chat_builder(qwen3), "qwen3_5": _chat_builder(qwen3_5), **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE,
             **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL}
@@ -165,6 +165,6 @@ def synthetic_tokenizer(out: Path, vocab_size: int, specials: dict[str, int]):
 
 
 def _byte_alphabet_index(char: str) -> int:
-    from python_backends.text.tokenizer import _byte_alphabet
+    from triton_omni.text.tokenizer import _byte_alphabet
 
     return _byte_alphabet()[char]

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from converters.tiny_image import _qwen2_tokenizer
+from triton_omni.converters.tiny_image import _qwen2_tokenizer
 
 LATENT_CHANNELS = 16
 PATCH = 2

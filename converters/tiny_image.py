@@ -51,7 +51,7 @@ def _tokenizer():
     """The project's tiny byte-level BPE (Qwen special tokens, ChatML template); the pipeline saves it."""
     import tempfile
 
-    from converters.tiny import build_tokenizer
+    from triton_omni.converters.tiny import build_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         return build_tokenizer(Path(tmp))
@@ -139,7 +139,7 @@ def _qwen2_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
-    from converters.tiny import CORPUS
+    from triton_omni.converters.tiny import CORPUS
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from converters.tiny_image import QWEN_VL_SPECIAL, _seeded, _text_encoder
+from triton_omni.converters.tiny_image import QWEN_VL_SPECIAL, _seeded, _text_encoder
 
 # The pipeline's system prompt, in the tokenizer's corpus so it takes whole-word pieces.
 JOY_SYSTEM = ("Describe the image by detailing the color, shape, size, texture, quantity, text, spatial "
@@ -27,7 +27,7 @@ def _tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
-    from converters.tiny import CORPUS
+    from triton_omni.converters.tiny import CORPUS
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

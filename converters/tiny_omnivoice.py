@@ -47,7 +47,7 @@ def omnivoice_tokenizer(out: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from converters.tiny import CORPUS
+    from triton_omni.converters.tiny import CORPUS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -65,7 +65,7 @@ def codec_state_dict(config: dict, seed: int) -> dict[str, torch.Tensor]:
     """HiggsAudioV2TokenizerModel's parameters and buffers, random, by the names that model has."""
     from transformers import DacConfig, DacModel, HubertConfig, HubertModel
 
-    from python_backends.tts.omnivoice import SemanticDecoder, SemanticEncoder, codec_sizes
+    from triton_omni.tts.omnivoice import SemanticDecoder, SemanticEncoder, codec_sizes
 
     torch.manual_seed(seed)
     sizes = codec_sizes(config)
@@ -110,7 +110,7 @@ def omnivoice(out: Path, seed: int = 23) -> None:
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3Model
 
-    from converters.tiny import _randomize
+    from triton_omni.converters.tiny import _randomize
 
     tokenizer = omnivoice_tokenizer(out)
     # the embedding table is larger than the tokenizer (as Qwen3's): the release embeds every position

@@ -28,7 +28,7 @@ def orpheus_tokenizer(out: Path):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from converters.tiny import CORPUS
+    from triton_omni.converters.tiny import CORPUS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -50,7 +50,7 @@ def orpheus_tokenizer(out: Path):
 def orpheus(out: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from converters.tiny import _randomize
+    from triton_omni.converters.tiny import _randomize
 
     tokenizer = orpheus_tokenizer(out)
     eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
@@ -117,7 +117,7 @@ KOKORO_VOICES = ("af_heart", "am_adam", "bf_emma", "ff_siwis")    # a: US Englis
 def kokoro(out: Path, config: dict | None = None, seed: int = 82) -> None:
     """hexgrad/Kokoro-82M's layout: config.json, kokoro-v1_0.pth (five state dicts, `module.` keys,
     weight norm as weight_g/weight_v), voices/<name>.pt ([510, 1, 256] each)."""
-    from python_backends.tts.kokoro import WEIGHTS_FILE, Kokoro, release_state_dicts
+    from triton_omni.tts.kokoro import WEIGHTS_FILE, Kokoro, release_state_dicts
 
     config = dict(config or KOKORO_TINY_CONFIG)
     torch.manual_seed(seed)

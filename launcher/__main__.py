@@ -1,15 +1,15 @@
-"""`python -m launcher setup` prepares the backend folder; `python -m launcher serve ...` runs the server."""
+"""`python -m triton_omni.launcher setup` prepares the backend folder; `python -m triton_omni.launcher serve ...` runs the server."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-from launcher.triton import TritonServer, find_install, server_env
+from triton_omni.launcher.triton import TritonServer, find_install, server_env
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m launcher")
+    ap = argparse.ArgumentParser(prog="python -m triton_omni.launcher")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("setup", help="prepare the python backend folder for this environment")
     serve = sub.add_parser("serve", help="run tritonserver in the foreground")

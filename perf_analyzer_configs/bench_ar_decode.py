@@ -64,7 +64,7 @@ def write_checkpoint(name: str, root: Path) -> Path:
     """config.json (real shape) + a tokenizer of the real vocabulary size; no weights (dummy load)."""
     from transformers import Qwen3_5TextConfig, Qwen3Config
 
-    from converters.tiny import synthetic_tokenizer
+    from triton_omni.converters.tiny import synthetic_tokenizer
 
     folder = root / name
     if (folder / "config.json").exists():
@@ -97,7 +97,7 @@ def mark_wave(mode, c, t0_unix, wall, per, sent_s=0.0):
     """With TRITON_OMNI_ENGINE_TRACE=FILE set (the engine's step trace), each wave's start, the time
     the client took to send (or add) its requests and their TTFTs go to FILE.waves, for
     perf_analyzer_configs/engine_trace.py to line them up."""
-    from python_backends.ar.engine import TRACE_ENV
+    from triton_omni.ar.engine import TRACE_ENV
 
     path = os.environ.get(TRACE_ENV)
     if path:
@@ -116,7 +116,7 @@ def ar_overrides(args) -> list[tuple[str, object]]:
     server modes pass every --set to the converter)."""
     import yaml
 
-    from python_backends.ar.step import ARParams
+    from triton_omni.ar.step import ARParams
 
     out = []
     for item in args.set or []:
@@ -131,9 +131,9 @@ def ar_overrides(args) -> list[tuple[str, object]]:
 
 # --- our engine, in-process ----------------------------------------------------------------------
 def bench_inprocess(name, folder, args, device):
-    from python_backends.ar.engine import EngineThread
-    from python_backends.ar.sampling import SamplingParams
-    from python_backends.ar.step import ARParams, build_engine
+    from triton_omni.ar.engine import EngineThread
+    from triton_omni.ar.sampling import SamplingParams
+    from triton_omni.ar.step import ARParams, build_engine
 
     params = ARParams(dtype=args.dtype, max_num_seqs=max(args.concurrency), max_model_len=args.prompt_len + args.output_len + 16,
                       max_num_batched_tokens=max(args.concurrency) * args.prompt_len, load_format="dummy",
@@ -220,9 +220,9 @@ def profile_steps(engine, sp, args, c: int, path: Path) -> None:
 # --- our engine behind tritonserver --------------------------------------------------------------
 def start_server(name, folder, args, target):
     """tritonserver with qwen3_chat on the benchmark's shape (dummy weights); returns (server, setup s)."""
-    from converters.__main__ import load_configs
-    from converters.generate import write_repository
-    from launcher import TritonServer
+    from triton_omni.converters.__main__ import load_configs
+    from triton_omni.converters.generate import write_repository
+    from triton_omni.launcher.triton import TritonServer
 
     c_max = max(args.concurrency)
     overrides = [f"qwen3_chat.ar.{k}={v}" for k, v in {
@@ -252,9 +252,9 @@ def bench_server(name, folder, args, target):
     `--client threads`: our ChatClient, one thread, client and stream per request."""
     import tritonclient.grpc as grpcclient
 
-    from client import ChatClient
-    from client.tensors import make_inputs
-    from client.triton import host_port, is_final_response
+    from triton_omni.client.chat import ChatClient
+    from triton_omni.client.tensors import make_inputs
+    from triton_omni.client.triton import host_port, is_final_response
 
     server, setup_s = start_server(name, folder, args, target)
     rng = random.Random(0)
@@ -458,8 +458,8 @@ def decode_bytes_per_step(folder: Path, context: float, dtype_bytes: int = 2) ->
     lm_head when tied, else one row), K/V of the full-attention layers at `context`, and the fp32
     recurrent state of the linear-attention layers read and written. Counted on our own model
     class built on the meta device, so it is the model the engine actually runs."""
-    from python_backends.models.context import AttentionCacheSpec, RecurrentStateSpec
-    from python_backends.models.registry import MODELS, text_config
+    from triton_omni.models.context import AttentionCacheSpec, RecurrentStateSpec
+    from triton_omni.models.registry import MODELS, text_config
 
     config, model_type = text_config(folder)
     module, cls = MODELS[model_type]

@@ -34,7 +34,7 @@ import queue, sys, threading, time
 sys.path.insert(0, {root!r})
 import numpy as np
 import triton_python_backend_utils as pb
-from python_backends.runtime.triton_model import STUB_LOCK
+from triton_omni.runtime.triton_model import STUB_LOCK
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -134,7 +134,7 @@ def measure(url: str, model: str, args) -> dict:
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    from client.triton import is_final_response
+    from triton_omni.client.triton import is_final_response
 
     client = grpcclient.InferenceServerClient(url)
     counts, lock, finished = {"tokens": 0, "responses": 0, "errors": 0}, threading.Lock(), queue.SimpleQueue()
@@ -194,7 +194,7 @@ def measure(url: str, model: str, args) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["toy_ens", "toy_front"], choices=["toy_ens", "toy_front"])
-    ap.add_argument("--front", default="python_backends.runtime.front:StreamFront", help="module:class of the front")
+    ap.add_argument("--front", default="triton_omni.runtime.front:StreamFront", help="module:class of the front")
     ap.add_argument("--front-path", action="append", default=[], help="a folder to import --front's module from")
     ap.add_argument("--fronts", type=int, default=1, help="front processes (instance count)")
     ap.add_argument("--concurrency", type=int, default=64)
@@ -203,7 +203,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args()
 
-    from launcher import TritonServer
+    from triton_omni.launcher.triton import TritonServer
 
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repository"

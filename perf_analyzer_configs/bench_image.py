@@ -35,17 +35,17 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-import python_backends.image.denoise  # noqa: E402
+import triton_omni.image.denoise  # noqa: E402
 from perf_analyzer_configs.merge import merge_parts  # noqa: E402
-import python_backends.image.text_encoder  # noqa: E402
-import python_backends.image.vae  # noqa: E402
-from converters.schema import load_ensemble  # noqa: E402
-from converters.tiny import synthetic_tokenizer  # noqa: E402
+import triton_omni.image.text_encoder  # noqa: E402
+import triton_omni.image.vae  # noqa: E402
+from triton_omni.converters.schema import load_ensemble  # noqa: E402
+from triton_omni.converters.tiny import synthetic_tokenizer  # noqa: E402
 from perf_analyzer_configs.bench_ar_decode import QWEN3_COMMON, SPECIALS, percentile  # noqa: E402
-from python_backends.image.checkpoint import load_scheduler, load_tokenizer  # noqa: E402
-from python_backends.image.z_image_transformer import ZImageContext  # noqa: E402
-from python_backends.runtime.params import parse_params  # noqa: E402
-from python_backends.runtime.step import Request, StepContext  # noqa: E402
+from triton_omni.image.checkpoint import load_scheduler, load_tokenizer  # noqa: E402
+from triton_omni.image.z_image_transformer import ZImageContext  # noqa: E402
+from triton_omni.runtime.params import parse_params  # noqa: E402
+from triton_omni.runtime.step import Request, StepContext  # noqa: E402
 
 # Qwen/Qwen3-4B config.json: the text encoder of both models (text_encoder/config.json of each repo).
 QWEN3_4B = dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
@@ -253,7 +253,7 @@ def build_steps(ctx, compiled: bool = False) -> dict:
     """The ensemble's steps with its parameters for this target; they take the modules already built.
     `compiled`: the denoise step compiles the transformer's repeated blocks (its `compile` parameter)."""
     cfg = load_ensemble(ROOT / "ensemble_configs" / f"{ctx.name}.yaml")
-    modules = (python_backends.image.denoise, python_backends.image.text_encoder, python_backends.image.vae)
+    modules = (triton_omni.image.denoise, triton_omni.image.text_encoder, triton_omni.image.vae)
     saved = [m.load_component for m in modules]
     # Our denoise step sets its transformer's attention kernel (its `attention` parameter) and compiles
     # its blocks: it gets a copy of the same weights, so the diffusers modes keep their defaults.
@@ -354,11 +354,11 @@ def server(ctx, size):
     import tritonclient.grpc  # noqa: F401 - the client needs it
     from PIL import Image     # the encode step makes PNGs with Pillow
 
-    from client.image import ImageClient
-    from converters.__main__ import load_configs
-    from converters.generate import write_repository
-    from launcher import TritonServer
-    from launcher.triton import find_install
+    from triton_omni.client.image import ImageClient
+    from triton_omni.converters.__main__ import load_configs
+    from triton_omni.converters.generate import write_repository
+    from triton_omni.launcher.triton import TritonServer
+    from triton_omni.launcher.triton import find_install
 
     find_install()
     if ctx.server is None:     # the same random weights, saved for the server's steps to load

@@ -57,10 +57,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from converters.tiny_tts import KOKORO_TINY_CONFIG, KOKORO_VOCAB, SNAC_TINY_CONFIG, snac_24khz  # noqa: E402
+from triton_omni.converters.tiny_tts import KOKORO_TINY_CONFIG, KOKORO_VOCAB, SNAC_TINY_CONFIG, snac_24khz  # noqa: E402
 from perf_analyzer_configs.bench_ar_decode import percentile  # noqa: E402
 from perf_analyzer_configs.merge import merge_parts  # noqa: E402
-from python_backends.runtime.step import Request, ResponseSink, string_array  # noqa: E402
+from triton_omni.runtime.step import Request, ResponseSink, string_array  # noqa: E402
 
 TEXT = ("The quick brown fox jumps over the lazy dog near the river, while seven small birds sing "
         "their morning songs in the old oak tree.")
@@ -120,7 +120,7 @@ def orpheus_tokenizer(folder: Path, text_vocab: int):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    from converters.tiny import _byte_alphabet_index
+    from triton_omni.converters.tiny import _byte_alphabet_index
 
     base = text_vocab - 256
     specials = {"<|begin_of_text|>": base, "<|end_of_text|>": base + 1, "<|eot_id|>": base + 9}
@@ -167,7 +167,7 @@ def write_orpheus(root: Path, shapes: str, device: str, dtype) -> tuple[Path, Pa
 
 def write_kokoro(root: Path, shapes: str) -> Path:
     """hexgrad/Kokoro-82M's layout (config.json, kokoro-v1_0.pth, voices/af_heart.pt)."""
-    from python_backends.tts.kokoro import WEIGHTS_FILE, Kokoro, release_state_dicts
+    from triton_omni.tts.kokoro import WEIGHTS_FILE, Kokoro, release_state_dicts
 
     folder = root / f"{shapes}-kokoro"
     if (folder / WEIGHTS_FILE).exists():
@@ -194,9 +194,9 @@ def write_qwen3_tts(root: Path, shapes: str, device: str, dtype) -> Path:
     subset of the 151936-row text embedding, and speed does not depend on which ids a text uses."""
     from safetensors.torch import save_file
 
-    from converters import tiny_qwen3_tts as tq
-    from python_backends.tts.qwen3_tts import Qwen3TTS, Qwen3TTSConfig
-    from python_backends.tts.qwen3_tts_codec import Qwen3TTSCodec
+    from triton_omni.converters import tiny_qwen3_tts as tq
+    from triton_omni.tts.qwen3_tts import Qwen3TTS, Qwen3TTSConfig
+    from triton_omni.tts.qwen3_tts_codec import Qwen3TTSCodec
 
     folder = root / f"{shapes}-qwen3_tts"
     done = folder / ".complete"
@@ -282,12 +282,12 @@ def ok(results):
 
 # --- modes: each returns go(c) -> (wall, per-request dicts), and close() ---------------------------
 def server_mode(ctx):
-    from client.speech import SpeechClient
-    from client.tensors import first, text
-    from client.triton import responses
-    from converters.__main__ import load_configs
-    from converters.generate import write_repository
-    from launcher import TritonServer
+    from triton_omni.client.speech import SpeechClient
+    from triton_omni.client.tensors import first, text
+    from triton_omni.client.triton import responses
+    from triton_omni.converters.__main__ import load_configs
+    from triton_omni.converters.generate import write_repository
+    from triton_omni.launcher.triton import TritonServer
 
     repo = Path(ctx.args.workdir) / f"repository-{ctx.name}"
     write_repository(load_configs([ctx.name], [f"{ctx.name}={ctx.folder}"], ctx.overrides), repo, ctx.target)
@@ -339,9 +339,9 @@ def print_server_stats(server) -> None:
 
 def build_steps(ctx) -> tuple[dict, int]:
     """The ensemble's steps, with the parameters the server gives them on this target."""
-    from converters.__main__ import load_configs
-    from python_backends.runtime.params import parse_params
-    from python_backends.runtime.step import StepContext
+    from triton_omni.converters.__main__ import load_configs
+    from triton_omni.runtime.params import parse_params
+    from triton_omni.runtime.step import StepContext
 
     cfg = load_configs([ctx.name], [f"{ctx.name}={ctx.folder}"], ctx.overrides)[0]
     return {s.key: s.cls(StepContext(model_name=cfg.model_name(s), max_batch_size=cfg.max_batch_size, base_dir=ROOT,
@@ -415,9 +415,9 @@ def orpheus_baseline(ctx):
     from snac import SNAC
     from transformers import LlamaForCausalLM
 
-    from python_backends.text.tokenizer import load_tokenizer
-    from python_backends.tts.orpheus import OrpheusTokens, frames_to_codes
-    from python_backends.tts.talker import chunk_plan
+    from triton_omni.text.tokenizer import load_tokenizer
+    from triton_omni.tts.orpheus import OrpheusTokens, frames_to_codes
+    from triton_omni.tts.talker import chunk_plan
 
     tok = load_tokenizer(ctx.folder)
     tokens = OrpheusTokens.from_tokenizer(tok)
@@ -457,7 +457,7 @@ def kokoro_baseline(ctx):
     import importlib.util
     import types
 
-    from python_backends.tts.kokoro import WEIGHTS_FILE, load_voice, lstm_cudnn, voice_style
+    from triton_omni.tts.kokoro import WEIGHTS_FILE, load_voice, lstm_cudnn, voice_style
 
     if "kokoro" not in sys.modules:      # kokoro/model.py alone: the package's __init__ pulls in misaki, spaCy
         package = types.ModuleType("kokoro")

@@ -29,8 +29,8 @@ def main() -> int:
 
     from perf_analyzer_configs.bench_ar_decode import SHAPES
     from perf_analyzer_configs.op_count import count
-    from python_backends.models.context import ForwardContext
-    from python_backends.models.qwen3_5 import Qwen3_5GatedDeltaNet
+    from triton_omni.models.context import ForwardContext
+    from triton_omni.models.qwen3_5 import Qwen3_5GatedDeltaNet
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3.5-0.8b", choices=[k for k, v in SHAPES.items() if "linear_num_key_heads" in v])

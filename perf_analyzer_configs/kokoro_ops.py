@@ -55,10 +55,10 @@ def main():
     import numpy as np
 
     from perf_analyzer_configs.bench_tts import PHONEMES, write_kokoro
-    from python_backends.runtime.step import Request, StepContext
-    from python_backends.tts.kokoro import load_voice, voice_style
-    from python_backends.tts.kokoro_steps import KokoroSynth, KokoroSynthParams
-    from python_backends.tts.request import Speech
+    from triton_omni.runtime.step import Request, StepContext
+    from triton_omni.tts.kokoro import load_voice, voice_style
+    from triton_omni.tts.kokoro_steps import KokoroSynth, KokoroSynthParams
+    from triton_omni.tts.request import Speech
 
     torch.set_grad_enabled(False)
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,9 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perf_analyzer_configs.bench_ar_decode import prompts, write_checkpoint  # noqa: E402
-from python_backends.ar.model_runner import GREEDY  # noqa: E402
-from python_backends.ar.sampling import SamplingParams  # noqa: E402
-from python_backends.ar.step import ARParams, build_engine  # noqa: E402
+from triton_omni.ar.model_runner import GREEDY  # noqa: E402
+from triton_omni.ar.sampling import SamplingParams  # noqa: E402
+from triton_omni.ar.step import ARParams, build_engine  # noqa: E402
 
 BIG = [16, 32, 64, 128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
 folder = write_checkpoint("qwen3-0.6b", Path("/tmp/probe_prefill_graphs"))

@@ -30,7 +30,7 @@ from perf_analyzer_configs import inputs, perf_analyzer  # noqa: E402
 
 def served_models(names: list[str] | None) -> dict[str, str]:
     """name -> OpenAI route, for the YAMLs that have one (all of them by default)."""
-    from converters.__main__ import load_configs
+    from triton_omni.converters.__main__ import load_configs
 
     return {c.name: c.openai["route"] for c in load_configs(names, [], []) if c.openai.get("route")}
 
@@ -44,7 +44,7 @@ def input_file(model: str, route: str, args, work: Path) -> Path:
 
 
 def measure(url: str, models: dict[str, str], args, work: Path) -> tuple[list[dict], dict]:
-    from client.triton import is_decoupled, model_config
+    from triton_omni.client.triton import is_decoupled, model_config
 
     settings = perf_analyzer.Settings(args.measurement_ms, args.max_trials, args.stability, args.measurement_requests)
     rows, commands = [], {}
@@ -124,10 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             meta["server"] = args.url
             rows, commands = measure(args.url, models, args, work)
         else:
-            from converters.__main__ import load_configs
-            from converters.generate import write_repository
-            from converters.tiny import build
-            from launcher import TritonServer
+            from triton_omni.converters.__main__ import load_configs
+            from triton_omni.converters.generate import write_repository
+            from triton_omni.converters.tiny import build
+            from triton_omni.launcher.triton import TritonServer
 
             build(ROOT / "checkpoints" / "tiny")
             repo = work / "model_repository"

@@ -10,16 +10,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from client import ChatClient  # noqa: E402
-from client.image import ImageClient  # noqa: E402
-from client.speech import SpeechClient  # noqa: E402
-from converters.__main__ import load_configs  # noqa: E402
-from converters.generate import write_repository  # noqa: E402
-from converters.tiny import build as build_tiny  # noqa: E402
-from launcher import TritonServer  # noqa: E402
-from launcher.triton import has_gpu  # noqa: E402
+from triton_omni.client.chat import ChatClient
+from triton_omni.client.image import ImageClient
+from triton_omni.client.speech import SpeechClient
+from triton_omni.converters.__main__ import load_configs
+from triton_omni.converters.generate import write_repository
+from triton_omni.converters.tiny import build as build_tiny
+from triton_omni.launcher.triton import TritonServer
+from triton_omni.launcher.triton import has_gpu
 
 
 def main() -> int:

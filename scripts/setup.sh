@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-stamp=".venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+stamp=".venv/.installed-$(cat pyproject.toml setup.py scripts/setup.sh | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing dependencies into .venv (first run takes a few minutes)"
   .venv/bin/python -m pip install -q --upgrade pip
@@ -34,4 +34,4 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
   fi
 fi
 # The server's python backend needs its stub next to libtriton_python.so, matching this Python.
-.venv/bin/python -m launcher setup
+.venv/bin/triton-omni setup

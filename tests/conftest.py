@@ -16,8 +16,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 TINY = ROOT / "checkpoints" / "tiny"
 
@@ -37,7 +35,7 @@ def _torch_threads_per_module():
 def tiny_checkpoints() -> dict[str, Path]:
     """name -> folder of every tiny checkpoint whose builder can run here (a GPU machine may lack the
     reference packages some builders use, e.g. snac; the tests that need those are CPU tests)."""
-    from converters.tiny import build, builders
+    from triton_omni.converters.tiny import build, builders
 
     folders: dict[str, Path] = {}
     for name in builders():
@@ -51,9 +49,9 @@ def tiny_checkpoints() -> dict[str, Path]:
 @contextlib.contextmanager
 def running_server(tmp_path: Path, models: list[str], overrides: list[str] = ()):
     """Build a CPU model repository for `models` (with --set overrides) and serve it."""
-    from converters.__main__ import load_configs
-    from converters.generate import write_repository
-    from launcher import TritonServer
+    from triton_omni.converters.__main__ import load_configs
+    from triton_omni.converters.generate import write_repository
+    from triton_omni.launcher.triton import TritonServer
 
     repo = tmp_path / "model_repository"
     write_repository(load_configs(models, [], list(overrides)), repo, "cpu")
@@ -97,7 +95,7 @@ def rounds_until_batched(server, model: str, send_together, tries: int = 3) -> l
 
 def wav_pcm16(wav: bytes) -> tuple[np.ndarray, int]:
     """A 16-bit WAV file's samples as int16 and its rate (the decoder gives s16 / 32768 as floats)."""
-    from python_backends.media import audio
+    from triton_omni.media import audio
 
     samples, rate = audio.decode(wav)
     return np.rint(samples * 32768).astype(np.int16), rate
@@ -117,7 +115,7 @@ def assert_int16_equal(a, b) -> None:
 def admitted_prompts(engine, prompts: list[list[int]]) -> list:
     """The engine's first prefill step for these prompts, scheduled and admitted (rows, blocks, device
     state) but not run: for tests that drive the runner's prefill paths themselves."""
-    from python_backends.ar.sampling import SamplingParams
+    from triton_omni.ar.sampling import SamplingParams
 
     for p in prompts:
         engine.add(p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))

@@ -1,4 +1,4 @@
-"""`python -m client ...` against a live tritonserver serving qwen3_chat, and the client's tensors."""
+"""`python -m triton_omni.client ...` against a live tritonserver serving qwen3_chat, and the client's tensors."""
 from __future__ import annotations
 
 import subprocess
@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from client import ChatClient
-from client.tensors import as_array, first, items, text
+from triton_omni.client.chat import ChatClient
+from triton_omni.client.tensors import as_array, first, items, text
 from tests.conftest import ROOT, running_server
 
 PROMPT = "Write a haiku about the sea."

@@ -8,9 +8,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from converters.__main__ import REPO_DIR, load_configs, main
-from converters.generate import write_repository
-from converters.schema import ConfigError, load_ensemble
+from triton_omni.converters.__main__ import REPO_DIR, load_configs, main
+from triton_omni.converters.generate import write_repository
+from triton_omni.converters.schema import ConfigError, load_ensemble
 
 GOOD = """\
 name: {name}
@@ -68,7 +68,7 @@ def test_every_generated_config_parses_and_wires(tmp_path):
 def test_cpu_target_and_overrides(tmp_path):
     write(tmp_path, GOOD.format(name="m"))
     cfg = load_ensemble(tmp_path / "m.yaml")
-    from converters.schema import apply_override
+    from triton_omni.converters.schema import apply_override
 
     apply_override(cfg, "ar.max_num_seqs", "3")
     apply_override(cfg, "max_model_len", "512")
@@ -121,7 +121,7 @@ def test_bad_yaml_names_file_key_and_reason(tmp_path, case, text, expect):
 
 
 def test_output_nobody_produces(tmp_path):
-    from converters.generate import wire
+    from triton_omni.converters.generate import wire
 
     cfg = load_ensemble(write(tmp_path, GOOD.format(name="m").replace("[text_output]", "[audio]")))
     with pytest.raises(ConfigError, match="m.yaml: outputs: no step produces 'audio'"):

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from python_backends.ar.config import EngineConfig
-from python_backends.ar.engine import LLMEngine
-from python_backends.ar.sampling import SamplingParams
-from python_backends.models.registry import load_causal_lm
-from python_backends.runtime.errors import InvalidInput
+from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.engine import LLMEngine
+from triton_omni.ar.sampling import SamplingParams
+from triton_omni.models.registry import load_causal_lm
+from triton_omni.runtime.errors import InvalidInput
 from tests.conftest import admitted_prompts, prefill_twice
 
 PROMPTS = [[5, 6, 7, 8, 9], [40, 41], [100 + i for i in range(30)], [7] * 12, [300, 200, 100]]
@@ -134,7 +134,7 @@ def test_bad_requests_are_refused_up_front(folder):
 def test_padding_rows_never_advance(folder):
     """CUDA-graph buckets pad a batch with the scratch row; its position must stay put, or after
     max_model_len padded steps its block index runs past the block table (a device fault on the GPU)."""
-    from python_backends.ar.model_runner import GREEDY
+    from triton_omni.ar.model_runner import GREEDY
 
     runner = make_engine(folder, max_model_len=32).runner
     runner.rows.fill_(runner.scratch)
@@ -196,9 +196,9 @@ def test_one_abort_request_names_several_streams():
     """The front aborts a round's cancelled streams with one request: their ids joined by ","."""
     from types import SimpleNamespace
 
-    from python_backends.ar.step import ARDecode
-    from python_backends.runtime.front import ABORT_INPUT
-    from python_backends.runtime.step import Request, string_array
+    from triton_omni.ar.step import ARDecode
+    from triton_omni.runtime.front import ABORT_INPUT
+    from triton_omni.runtime.step import Request, string_array
 
     aborted, answers = [], []
     step = SimpleNamespace(_abort=aborted.append)
@@ -215,8 +215,8 @@ def test_auto_stream_interval_sends_the_first_tokens_at_once_then_groups_by_load
     import threading
     from types import SimpleNamespace
 
-    from python_backends.ar.step import STREAMS_PER_TOKEN, ARDecode, ARParams, _Reply
-    from python_backends.text.stream import TokenStream
+    from triton_omni.ar.step import STREAMS_PER_TOKEN, ARDecode, ARParams, _Reply
+    from triton_omni.text.stream import TokenStream
 
     step = object.__new__(ARDecode)
     step.params, step.live_lock, step.requests_finished = ARParams(stream_interval=0), threading.Lock(), 0
@@ -245,7 +245,7 @@ def test_step_trace_records_each_step(folder, tmp_path, monkeypatch):
     import json
     import threading
 
-    from python_backends.ar.engine import EngineThread
+    from triton_omni.ar.engine import EngineThread
 
     path = tmp_path / "trace.jsonl"
     monkeypatch.setenv("TRITON_OMNI_ENGINE_TRACE", str(path))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from python_backends.ar.config import EngineConfig
-from python_backends.ar.engine import LLMEngine
-from python_backends.ar.sampling import SamplingParams
-from python_backends.models.registry import load_causal_lm
+from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.engine import LLMEngine
+from triton_omni.ar.sampling import SamplingParams
+from triton_omni.models.registry import load_causal_lm
 from tests.conftest import admitted_prompts, prefill_twice
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -16,7 +16,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [40, 41], [100 + i for i in range(30)], [7] * 12, [3
 
 
 def engine(folder, eager: bool, dtype=torch.float32, **kw):
-    from python_backends.kernels import dispatch
+    from triton_omni.kernels import dispatch
 
     dispatch.enable(True)
     model = load_causal_lm(folder, "cuda", dtype)
@@ -96,7 +96,7 @@ def test_qwen3_5_prefill_graph_equals_eager_prefill(tiny_checkpoints, monkeypatc
     """bf16, the delta rule through its kernels (what lets Qwen3.5 prefill in a graph): three prompts
     replayed in the 64-token bucket give the eager prefill's last hidden states and recurrent states,
     and leave the other state rows as they were."""
-    from python_backends.kernels import dispatch
+    from triton_omni.kernels import dispatch
 
     monkeypatch.setattr(dispatch, "DELTA_RULE_KERNEL", True)
     e = engine(tiny_checkpoints["qwen3_5"], eager=False, dtype=torch.bfloat16, cuda_graph_prefill_tokens=[16, 64])

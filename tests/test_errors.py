@@ -2,7 +2,7 @@
 import gc
 import weakref
 
-from python_backends.runtime.errors import InvalidInput, forget_traceback
+from triton_omni.runtime.errors import InvalidInput, forget_traceback
 
 
 class Marker:       # stands for Triton's request objects, held by the adapter's frame

@@ -18,9 +18,9 @@ import pytest
 import torch
 from tritonclient.utils import InferenceServerException
 
-from python_backends.image.bagel_model import BagelConfig, BagelGenerator, schedule, unpatchify
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.step import Request
+from triton_omni.image.bagel_model import BagelConfig, BagelGenerator, schedule, unpatchify
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.step import Request
 from tests.conftest import ROOT, TINY, rounds_until_batched, running_server
 from tests.test_image_server import generate, generate_together, pixels
 from tests.test_image_steps import load_steps, request, run_chain
@@ -31,7 +31,7 @@ GOLDEN = ROOT / "tests" / "data" / "bagel_golden.npz"
 
 @pytest.fixture(scope="module")
 def checkpoint() -> Path:
-    from converters.tiny import build
+    from triton_omni.converters.tiny import build
 
     return build(TINY, [MODEL])[MODEL]
 

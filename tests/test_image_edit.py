@@ -22,14 +22,14 @@ import tritonclient.grpc as grpcclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from client.image import ImageClient
-from client.tensors import make_inputs
-from converters.schema import load_ensemble
-from python_backends.image.qwen_image import calculate_dimensions, processor_from_parts, unpack
-from python_backends.media.image import encode_image
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.params import parse_params
-from python_backends.runtime.step import Request, StepContext
+from triton_omni.client.image import ImageClient
+from triton_omni.client.tensors import make_inputs
+from triton_omni.converters.schema import load_ensemble
+from triton_omni.image.qwen_image import calculate_dimensions, processor_from_parts, unpack
+from triton_omni.media.image import encode_image
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.params import parse_params
+from triton_omni.runtime.step import Request, StepContext
 from tests.conftest import ROOT, TINY, rounds_until_batched, running_server
 from tests.test_image_server import generate_together
 from tests.test_image_steps import request as text_to_image_request, run_chain
@@ -55,7 +55,7 @@ def pil(data: bytes) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def checkpoint() -> Path:
-    from converters.tiny import build
+    from triton_omni.converters.tiny import build
 
     return build(TINY, [MODEL])[MODEL]
 

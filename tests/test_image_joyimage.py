@@ -20,14 +20,14 @@ import torch
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from converters.schema import load_ensemble
-from python_backends.image.checkpoint import load_component
-from python_backends.image.joyimage import nearest_bucket, release_buckets
-from python_backends.image.qwen_image import processor_from_parts
-from python_backends.media.image import encode_image
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.params import parse_params
-from python_backends.runtime.step import Request, StepContext
+from triton_omni.converters.schema import load_ensemble
+from triton_omni.image.checkpoint import load_component
+from triton_omni.image.joyimage import nearest_bucket, release_buckets
+from triton_omni.image.qwen_image import processor_from_parts
+from triton_omni.media.image import encode_image
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.params import parse_params
+from triton_omni.runtime.step import Request, StepContext
 from tests.conftest import ROOT, TINY, rounds_until_batched, running_server
 from tests.test_image_edit import FIELD_TYPES, png_size
 from tests.test_image_edit import edit as edit_model
@@ -58,7 +58,7 @@ def bucket(width: int, height: int) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def checkpoint() -> Path:
-    from converters.tiny import build
+    from triton_omni.converters.tiny import build
 
     return build(TINY, [MODEL])[MODEL]
 

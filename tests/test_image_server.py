@@ -19,8 +19,8 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from client.tensors import make_inputs
-from python_backends.media.image import encode_image
+from triton_omni.client.tensors import make_inputs
+from triton_omni.media.image import encode_image
 from tests.conftest import rounds_until_batched, running_server
 
 pytestmark = pytest.mark.server

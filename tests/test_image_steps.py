@@ -12,12 +12,12 @@ import pytest
 import torch
 from PIL import Image
 
-from converters.schema import load_ensemble
-from python_backends.image.request import ImageLimits, parse_size
-from python_backends.media.image import ImageDecodeError, decode_pixels, encode_image
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.params import parse_params
-from python_backends.runtime.step import Request, StepContext
+from triton_omni.converters.schema import load_ensemble
+from triton_omni.image.request import ImageLimits, parse_size
+from triton_omni.media.image import ImageDecodeError, decode_pixels, encode_image
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.params import parse_params
+from triton_omni.runtime.step import Request, StepContext
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from converters.schema import load_ensemble
-from python_backends.image.text_encoder import TextEncoderParams, decoder_hidden_states
-from python_backends.image.vae import VaeDecodeParams
-from python_backends.runtime.params import parse_params
-from python_backends.runtime.step import Request, StepContext
+from triton_omni.converters.schema import load_ensemble
+from triton_omni.image.text_encoder import TextEncoderParams, decoder_hidden_states
+from triton_omni.image.vae import VaeDecodeParams
+from triton_omni.runtime.params import parse_params
+from triton_omni.runtime.step import Request, StepContext
 
 ROOT = Path(__file__).resolve().parent.parent
 

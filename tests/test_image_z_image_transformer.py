@@ -4,7 +4,7 @@ gathered [image, caption] layout), image grids with and without pad tokens, per-
 import pytest
 import torch
 
-from python_backends.image import z_image_transformer
+from triton_omni.image import z_image_transformer
 
 
 @pytest.fixture(scope="module")

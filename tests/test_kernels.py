@@ -1,4 +1,4 @@
-"""Each Triton kernel in python_backends/kernels/triton_ops.py against its torch reference in python_backends/kernels/reference.py.
+"""Each Triton kernel in kernels/triton_ops.py against its torch reference in kernels/reference.py.
 
 On a machine with CUDA the kernels run for real (fp32, bf16 and fp16); without it they run under the
 Triton interpreter on the CPU (fp32 only, small shapes: the interpreter is slow).
@@ -17,8 +17,8 @@ if not CUDA:
 
 triton = pytest.importorskip("triton")
 
-from python_backends.kernels import reference  # noqa: E402
-from python_backends.kernels import triton_ops as ops  # noqa: E402
+from triton_omni.kernels import reference  # noqa: E402
+from triton_omni.kernels import triton_ops as ops  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 # the interpreter trips a numpy deprecation when it runs a loop with loaded bounds; not ours
@@ -445,7 +445,7 @@ def test_paged_decode_attention_detects_wrong_scale():
 def test_prefill_attention_cuda_path(dtype):
     """dispatch's CUDA prefill attention (4-D, kv heads repeated: the flash kernel where it applies)
     against the reference's grouped-query call, for packed prompts of several lengths."""
-    from python_backends.kernels import dispatch
+    from triton_omni.kernels import dispatch
 
     lens, hq, hk, d = [37, 1, 200, 64], 16, 4, 128
     g = _gen(11)
@@ -459,7 +459,7 @@ def test_prefill_attention_cuda_path(dtype):
 def test_prefill_attention_varlen_path_with_padding_sequences(dtype):
     """The packed varlen kernel as a prefill graph calls it: prompts, then padding as a sequence of its
     own, then empty sequences, with a loose length bound; the prompts' rows equal the reference's."""
-    from python_backends.kernels import dispatch
+    from triton_omni.kernels import dispatch
 
     lens, hq, hk, d, bucket = [37, 1, 90], 16, 4, 128, 256
     g = _gen(12)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.triton import ServerInstall, libpython_dir, server_env
+from triton_omni.launcher.triton import ServerInstall, libpython_dir, server_env
 
 
 def test_only_libpython_goes_on_the_library_path(monkeypatch):

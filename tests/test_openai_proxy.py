@@ -1,6 +1,6 @@
 """The OpenAI-compatible proxy, driven by the official `openai` SDK.
 
-Live: `python -m client.openai_proxy` (a real uvicorn process) in front of a real tritonserver
+Live: `python -m triton_omni.client.openai_proxy` (a real uvicorn process) in front of a real tritonserver
 serving qwen3_chat: answers equal ChatClient's, usage, /v1/models, errors, API key, cancellation.
 Contract: the other routes (speech, voices, transcription, images, videos) in-process against a
 fake gateway that records the tensors each request becomes and answers canned outputs, so the
@@ -24,8 +24,8 @@ import numpy as np
 import openai
 import pytest
 
-from client import ChatClient
-from launcher.triton import free_port
+from triton_omni.client.chat import ChatClient
+from triton_omni.launcher.triton import free_port
 from tests.conftest import ROOT, running_server
 
 API_KEY = "sk-test-key"
@@ -58,11 +58,11 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
 
 @contextlib.contextmanager
 def running_proxy(triton_url: str, log: Path, *args: str):
-    """`python -m client.openai_proxy` in front of `triton_url`, as a user starts it (extra `args`
+    """`python -m triton_omni.client.openai_proxy` in front of `triton_url`, as a user starts it (extra `args`
     appended); yields its base URL once healthy, stops it after."""
     port = free_port()
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "client.openai_proxy", "--triton-url", triton_url,
+        proc = subprocess.Popen([sys.executable, "-m", "triton_omni.client.openai_proxy", "--triton-url", triton_url,
                                  "--port", str(port), "--log-level", "warning", *args], cwd=ROOT, stdout=out,
                                 stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -346,9 +346,9 @@ def fake(tmp_path_factory):
     """The proxy app in-process (uvicorn in a thread) over YAMLs for every route and a fake gateway."""
     import uvicorn
 
-    from client.openai_proxy.app import create_app
-    from client.openai_proxy.context import Settings
-    from client.openai_proxy.models import ModelTable, load_models
+    from triton_omni.client.openai_proxy.app import create_app
+    from triton_omni.client.openai_proxy.context import Settings
+    from triton_omni.client.openai_proxy.models import ModelTable, load_models
 
     tmp = tmp_path_factory.mktemp("fake_proxy")
     configs = tmp / "configs"
@@ -465,7 +465,7 @@ def test_uploaded_voice_is_sent_as_reference(fake):
 
 
 def test_voice_store_reloads_from_disk(tmp_path):
-    from client.openai_proxy.voices import VoiceStore
+    from triton_omni.client.openai_proxy.voices import VoiceStore
 
     store = VoiceStore(tmp_path)
     v = store.add("amy", b"audio bytes", "hello")
@@ -536,6 +536,6 @@ def test_video_job(fake):
 
 
 def test_proxy_cli_help():
-    out = subprocess.run([sys.executable, "-m", "client.openai_proxy", "--help"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "triton_omni.client.openai_proxy", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and "--triton-url" in out.stdout and "--api-key" in out.stdout

@@ -17,8 +17,8 @@ import openai
 import pytest
 from PIL import Image
 
-from client.image import ImageClient
-from client.speech import SpeechClient
+from triton_omni.client.image import ImageClient
+from triton_omni.client.speech import SpeechClient
 from tests.conftest import ROOT, assert_int16_equal, running_server
 from tests.test_openai_proxy import running_proxy
 

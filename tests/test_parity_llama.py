@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from python_backends.ar.config import EngineConfig
-from python_backends.ar.engine import LLMEngine
-from python_backends.ar.sampling import SamplingParams
-from python_backends.models.llama import LlamaForCausalLM as OurLlama
-from python_backends.models.registry import load_causal_lm
+from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.engine import LLMEngine
+from triton_omni.ar.sampling import SamplingParams
+from triton_omni.models.llama import LlamaForCausalLM as OurLlama
+from triton_omni.models.registry import load_causal_lm
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402

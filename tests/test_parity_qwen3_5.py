@@ -12,13 +12,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from python_backends.kernels import dispatch
-from python_backends.ar.config import EngineConfig
-from python_backends.ar.engine import LLMEngine
-from python_backends.ar.model_runner import ModelRunner
-from python_backends.ar.sampling import SamplingParams
-from python_backends.models.context import AttentionCacheSpec, ForwardContext
-from python_backends.models.registry import load_causal_lm
+from triton_omni.kernels import dispatch
+from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.engine import LLMEngine
+from triton_omni.ar.model_runner import ModelRunner
+from triton_omni.ar.sampling import SamplingParams
+from triton_omni.models.context import AttentionCacheSpec, ForwardContext
+from triton_omni.models.registry import load_causal_lm
 from tests.conftest import admitted_prompts, prefill_twice
 
 transformers = pytest.importorskip("transformers")
@@ -146,7 +146,7 @@ def test_prefill_and_decode_logits(pair, prefill_kernels, monkeypatch):
     """`kernels`: the delta rule's prefill through its Triton kernels (the interpreter on a CPU)."""
     hf, _, ours = pair
     if prefill_kernels:
-        pytest.importorskip("python_backends.kernels.triton_ops")
+        pytest.importorskip("triton_omni.kernels.triton_ops")
         monkeypatch.setattr(dispatch, "delta_rule_kernel", lambda device: True)
     seqs = prompts(seed=2)
     cache = ManualCache(ours, state_slots=[2, 0, 3, 1])     # deliberately not 0..B-1
@@ -172,7 +172,7 @@ def test_prefill_graph_body_equals_eager_prefill(pair, monkeypatch):
     run eagerly: the prompts in a 128-token bucket (34 padding tokens, 2 empty sequences whose state
     row is the scratch row) give the eager prefill's last hidden states, KV-cache rows and state rows,
     and change no other row."""
-    pytest.importorskip("python_backends.kernels.triton_ops")
+    pytest.importorskip("triton_omni.kernels.triton_ops")
     monkeypatch.setattr(dispatch, "delta_rule_kernel", lambda device: True)
     _, _, ours = pair
     engine = LLMEngine(ours, EngineConfig(max_num_seqs=6, max_model_len=128, cuda_graph_prefill_tokens=[16, 128]),
@@ -266,7 +266,7 @@ def recurrent_delta_rule(q, k, v, g, beta):
 def test_chunked_delta_rule_equals_the_recurrence(lens):
     """Packed sequences of unequal lengths: some end while others run on (the scan's running set
     shrinks), chunks cut mid-sequence and at its end, a one-token sequence."""
-    from python_backends.kernels.reference import ChunkLayout, chunk_gated_delta_rule, l2norm
+    from triton_omni.kernels.reference import ChunkLayout, chunk_gated_delta_rule, l2norm
 
     gen = torch.Generator().manual_seed(0)
     T, H, dk, dv = sum(lens), 3, 16, 8

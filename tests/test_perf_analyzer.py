@@ -50,8 +50,8 @@ def test_binary_inputs_use_triton_bytes_serialization():
 
 def test_committed_inputs_are_current():
     """inputs/<model>.json equals what run.py builds for its route (refresh: run.py --write-inputs)."""
-    from converters.__main__ import CONFIG_DIR
-    from converters.schema import load_ensemble
+    from triton_omni.converters.__main__ import CONFIG_DIR
+    from triton_omni.converters.schema import load_ensemble
 
     committed = sorted((ROOT / "perf_analyzer_configs" / "inputs").glob("*.json"))
     assert committed, "no committed input files"

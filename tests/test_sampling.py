@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from python_backends.ar.sampling import SamplingParams, gumbel_noise, sample
-from python_backends.runtime.errors import InvalidInput
+from triton_omni.ar.sampling import SamplingParams, gumbel_noise, sample
+from triton_omni.runtime.errors import InvalidInput
 
 
 @pytest.mark.parametrize("raw,field", [

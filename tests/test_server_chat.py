@@ -19,9 +19,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from client import ChatClient
-from client.tensors import make_inputs
-from client.triton import is_final_response
+from triton_omni.client.chat import ChatClient
+from triton_omni.client.tensors import make_inputs
+from triton_omni.client.triton import is_final_response
 from tests.conftest import rounds_until_batched, running_server
 
 pytestmark = pytest.mark.server

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from python_backends.text.stream import TokenStream, utf8_pending
-from python_backends.text.tokenizer import load_tokenizer, token_byte_table
+from triton_omni.text.stream import TokenStream, utf8_pending
+from triton_omni.text.tokenizer import load_tokenizer, token_byte_table
 
 
 def test_utf8_pending():
@@ -58,7 +58,7 @@ def test_byte_table_matches_the_tokenizer(tokenizer):
 def test_streamed_pieces_reassemble_exactly(tokenizer):
     """Random token streams, released by TokenStream and decoded as the post step does,
     concatenate to the same text as decoding everything at once, and no piece holds half a char."""
-    from python_backends.text.chat import Detokenize
+    from triton_omni.text.chat import Detokenize
 
     table = token_byte_table(tokenizer)
     detok = Detokenize.__new__(Detokenize)
@@ -81,10 +81,10 @@ def test_streamed_pieces_reassemble_exactly(tokenizer):
 def test_chat_pre_batch_equals_one_by_one_and_keeps_errors_apart(tokenizer):
     """The pre step tokenizes a batch in one call: each request gets the ids it gets alone (text and
     chat template alike), and a bad request in the batch fails alone, naming its field."""
-    from python_backends.ar.sampling import SamplingParams
-    from python_backends.runtime.errors import InvalidInput
-    from python_backends.runtime.step import Request
-    from python_backends.text.chat import ChatPreParams, ChatPreprocess
+    from triton_omni.ar.sampling import SamplingParams
+    from triton_omni.runtime.errors import InvalidInput
+    from triton_omni.runtime.step import Request
+    from triton_omni.text.chat import ChatPreParams, ChatPreprocess
 
     pre = ChatPreprocess.__new__(ChatPreprocess)
     pre.tokenizer, pre.params = tokenizer, ChatPreParams(max_model_len=64)

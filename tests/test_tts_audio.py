@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from python_backends.media import audio
+from triton_omni.media import audio
 
 RATE = 24000
 

@@ -29,15 +29,15 @@ import numpy as np
 import pytest
 import torch
 
-from python_backends.media import audio
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.step import Request, StepContext
-from python_backends.tts.chatterbox import T3, Sampling, T3Job, TextTokenizer, generate_tokens, load_voice, \
+from triton_omni.media import audio
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.step import Request, StepContext
+from triton_omni.tts.chatterbox import T3, Sampling, T3Job, TextTokenizer, generate_tokens, load_voice, \
     normalize_text
-from python_backends.tts.chatterbox_s3gen import S3Gen
-from python_backends.tts.chatterbox_steps import (ChatterboxPre, ChatterboxPreParams, ChatterboxS3Gen,
+from triton_omni.tts.chatterbox_s3gen import S3Gen
+from triton_omni.tts.chatterbox_steps import (ChatterboxPre, ChatterboxPreParams, ChatterboxS3Gen,
                                                   ChatterboxS3GenParams, ChatterboxT3, ChatterboxT3Params)
-from python_backends.tts.chatterbox_voice import VoiceCloner, ffmpeg_resample, resample
+from triton_omni.tts.chatterbox_voice import VoiceCloner, ffmpeg_resample, resample
 from tests.conftest import TINY, assert_int16_equal, running_server, wav_pcm16
 from tests.test_tts_orpheus import speech_request
 from tests.test_tts_server import fails_beside, stream_speech
@@ -80,7 +80,7 @@ def cloner(folder):
 
 @pytest.fixture(scope="module")
 def folder() -> Path:
-    from converters.tiny import build
+    from triton_omni.converters.tiny import build
 
     return build(TINY, ["chatterbox"])["chatterbox"]
 

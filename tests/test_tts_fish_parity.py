@@ -43,7 +43,7 @@ pytestmark = pytest.mark.parity
 
 def reference_wav() -> bytes:
     """1.5 s of a voice-like 16 kHz clip (a gliding tone with harmonics, and a little noise) as a WAV."""
-    from python_backends.media import audio
+    from triton_omni.media import audio
 
     t = np.arange(int(1.5 * CLIP_RATE)) / CLIP_RATE
     pitch = 2 * np.pi * np.cumsum(140 + 40 * np.sin(2 * np.pi * 1.5 * t)) / CLIP_RATE
@@ -53,8 +53,8 @@ def reference_wav() -> bytes:
 
 
 def pre_step(folder):
-    from python_backends.runtime.step import StepContext
-    from python_backends.tts.fish_steps import FishPre, FishPreParams
+    from triton_omni.runtime.step import StepContext
+    from triton_omni.tts.fish_steps import FishPre, FishPreParams
 
     return FishPre(StepContext("pre", FishPreParams(checkpoint=str(folder)), "cpu", folder.parent))
 
@@ -66,13 +66,13 @@ def folder(tiny_checkpoints):
 
 @pytest.fixture(scope="module")
 def case(folder, tmp_path_factory):
-    from python_backends.text.tokenizer import load_tokenizer
-    from python_backends.tts.fish import prompt_ids
+    from triton_omni.text.tokenizer import load_tokenizer
+    from triton_omni.tts.fish import prompt_ids
 
     if not REF_PYTHON.exists():
         pytest.skip(f"reference environment not found ({REF_PYTHON}): run `bash scripts/setup_reference_envs.sh "
                     "fish` to compare against the fish-speech package")
-    from python_backends.media import audio
+    from triton_omni.media import audio
 
     frames = greedy_frames(folder, TEXT, 8)
     n = frames.shape[1] - 1
@@ -96,9 +96,9 @@ def case(folder, tmp_path_factory):
 
 
 def test_slow_and_fast_logits(folder, case):
-    from python_backends.models.context import ForwardContext
-    from python_backends.tts.fish import load_fish
-    from python_backends.tts.qwen3_tts import bind_cache
+    from triton_omni.models.context import ForwardContext
+    from triton_omni.tts.fish import load_fish
+    from triton_omni.tts.qwen3_tts import bind_cache
 
     spec, ref = case
     model = load_fish(folder)
@@ -122,7 +122,7 @@ def test_slow_and_fast_logits(folder, case):
 
 
 def test_codec_decoder(folder, case):
-    from python_backends.tts.fish_codec import load_codec
+    from triton_omni.tts.fish_codec import load_codec
 
     spec, ref = case
     # the package keeps its rope tables and masks as state; the release file need not hold them
@@ -136,8 +136,8 @@ def test_codec_decoder(folder, case):
 def test_codec_encoder(folder, case):
     """A clip's codes: omnivoice.resample (torchaudio's kernel) + our encoder against torchaudio's
     resample + the package's DAC.encode (encoder, downsample, pre_module, both quantizers)."""
-    from python_backends.tts.fish_codec import load_codec_encoder
-    from python_backends.tts.omnivoice import resample
+    from triton_omni.tts.fish_codec import load_codec_encoder
+    from triton_omni.tts.omnivoice import resample
 
     spec, ref = case
     clip = resample(torch.tensor(spec["clip"], dtype=torch.float32), CLIP_RATE, 44100)
@@ -158,8 +158,8 @@ def test_clone_prompt(folder, case):
     """The cloning prompt: fish.prompt_ids against the package's ContentSequence encoding of the parts,
     and the served pre step (a WAV clip: decode, resample, encode, prompt) against the reference's
     prompt with the reference's codes of that clip."""
-    from python_backends.text.tokenizer import load_tokenizer
-    from python_backends.tts.fish import FishConfig, prompt_ids
+    from triton_omni.text.tokenizer import load_tokenizer
+    from triton_omni.tts.fish import FishConfig, prompt_ids
     from tests.test_tts_omnivoice import request
 
     spec, ref = case

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from python_backends.ar.config import EngineConfig
-from python_backends.ar.engine import LLMEngine
-from python_backends.ar.sampling import SamplingParams
-from python_backends.models.registry import load_causal_lm
-from python_backends.runtime.step import StepContext
-from python_backends.tts.codec import OrpheusCodec, OrpheusCodecParams
+from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.engine import LLMEngine
+from triton_omni.ar.sampling import SamplingParams
+from triton_omni.models.registry import load_causal_lm
+from triton_omni.runtime.step import StepContext
+from triton_omni.tts.codec import OrpheusCodec, OrpheusCodecParams
 from tests.test_tts_orpheus import as_requests, audio_tokens, talk
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -46,7 +46,7 @@ def test_codec_on_gpu(folders):
 def test_talker_graphs_equal_transformers(folders):
     from transformers import AutoModelForCausalLM
 
-    from python_backends.kernels import dispatch
+    from triton_omni.kernels import dispatch
 
     dispatch.enable(True)
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from python_backends.media import audio
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.step import Request, ResponseSink, StepContext
-from python_backends.tts.kokoro import MAX_PHONEMES, WEIGHTS_FILE, Kokoro, load_voice, voice_style
-from python_backends.tts.kokoro_steps import (KokoroPre, KokoroPreParams, KokoroSynth, KokoroSynthParams,
+from triton_omni.media import audio
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.step import Request, ResponseSink, StepContext
+from triton_omni.tts.kokoro import MAX_PHONEMES, WEIGHTS_FILE, Kokoro, load_voice, voice_style
+from triton_omni.tts.kokoro_steps import (KokoroPre, KokoroPreParams, KokoroSynth, KokoroSynthParams,
                                               SpeechChunks, SpeechChunksParams)
-from python_backends.tts.kokoro_text import LANGUAGES, Phonemizer, check_phonemes, segments, to_kokoro
-from python_backends.tts.request import Speech
+from triton_omni.tts.kokoro_text import LANGUAGES, Phonemizer, check_phonemes, segments, to_kokoro
+from triton_omni.tts.request import Speech
 from tests.conftest import TINY, assert_int16_equal, rounds_until_batched, running_server, wav_pcm16
 from tests.test_tts_orpheus import speech_request
 from tests.test_tts_server import fails_beside, stream_speech
@@ -39,7 +39,7 @@ needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="esp
 
 @pytest.fixture(scope="module")
 def folder():
-    from converters.tiny import build
+    from triton_omni.converters.tiny import build
 
     return build(TINY, ["kokoro"])["kokoro"]       # only this one (the GPU machine lacks the others' packages)
 

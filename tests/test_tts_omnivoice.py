@@ -27,12 +27,12 @@ import numpy as np
 import pytest
 import torch
 
-from python_backends.media import audio
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.step import Request, StepContext
-from python_backends.tts.omnivoice import (Codec, Job, OmniVoiceModel, Settings, estimate_frames, finish, generate,
+from triton_omni.media import audio
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.step import Request, StepContext
+from triton_omni.tts.omnivoice import (Codec, Job, OmniVoiceModel, Settings, estimate_frames, finish, generate,
                                            prompt_ids, remove_silence, resample, voice_design)
-from python_backends.tts.omnivoice_steps import (OmniVoiceCodec, OmniVoiceCodecParams, OmniVoiceGenerate,
+from triton_omni.tts.omnivoice_steps import (OmniVoiceCodec, OmniVoiceCodecParams, OmniVoiceGenerate,
                                                  OmniVoiceGenerateParams, OmniVoicePre, OmniVoicePreParams)
 from tests.conftest import TINY, assert_int16_equal, rounds_until_batched, running_server, wav_pcm16
 from tests.test_tts_orpheus import speech_request
@@ -73,7 +73,7 @@ INSTRUCTS = [["female, British Accent", "hi"], ["男，青年", "hello"], ["fema
 
 @pytest.fixture(scope="module")
 def folder() -> Path:
-    from converters.tiny import build
+    from triton_omni.converters.tiny import build
 
     return build(TINY, ["omnivoice"])["omnivoice"]
 
@@ -85,7 +85,7 @@ def model(folder):
 
 @pytest.fixture(scope="module")
 def tokenizer(folder):
-    from python_backends.text.tokenizer import load_tokenizer
+    from triton_omni.text.tokenizer import load_tokenizer
 
     return load_tokenizer(folder)
 

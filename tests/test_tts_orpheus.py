@@ -10,15 +10,15 @@ import random
 import numpy as np
 import pytest
 
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.step import Request, ResponseSink, StepContext, string_array
-from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.chunking import ChunkPlan
-from python_backends.tts.codec import OrpheusCodec, OrpheusCodecParams
-from python_backends.tts.orpheus import OrpheusTokens, frames_to_codes
-from python_backends.tts.pre import OrpheusPre, OrpheusPreParams
-from python_backends.tts.request import Speech
-from python_backends.tts.talker import ChunkedSink, chunk_plan
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.step import Request, ResponseSink, StepContext, string_array
+from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.chunking import ChunkPlan
+from triton_omni.tts.codec import OrpheusCodec, OrpheusCodecParams
+from triton_omni.tts.orpheus import OrpheusTokens, frames_to_codes
+from triton_omni.tts.pre import OrpheusPre, OrpheusPreParams
+from triton_omni.tts.request import Speech
+from triton_omni.tts.talker import ChunkedSink, chunk_plan
 
 TPF = 7
 

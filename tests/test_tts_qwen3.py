@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 import torch
 
-from converters.tiny import build
+from triton_omni.converters.tiny import build
 from converters.tiny_qwen3_tts import BUILDERS
-from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.qwen3_tts import (Qwen3TTS, SubtalkerSampler, assistant_text, bind_cache, generate_codes,
+from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.qwen3_tts import (Qwen3TTS, SubtalkerSampler, assistant_text, bind_cache, generate_codes,
                                            instruct_text, load_qwen3_tts, prefill)
-from python_backends.tts.qwen3_tts_codec import load_codec
+from triton_omni.tts.qwen3_tts_codec import load_codec
 
 ROOT = Path(__file__).resolve().parent.parent
 REF_PYTHON = Path(os.environ.get("QWEN_TTS_PYTHON", ROOT / ".venv-qwentts" / "bin" / "python"))
@@ -200,7 +200,7 @@ def test_release_layout_loads(folders):
         assert has_proj == (name == "qwen3_tts_1b7")
         assert model.num_code_groups == 16 and model.codebook_size == 2048
         # the engine binds and sizes paged caches only for the talker's layers, not the predictor's
-        from python_backends.ar.model_runner import cache_layers
+        from triton_omni.ar.model_runner import cache_layers
 
         assert len(cache_layers(model)) == model.config.talker.num_hidden_layers
     with safe_open(str(folders["qwen3_tts"] / "speech_tokenizer" / "model.safetensors"), "pt") as f:

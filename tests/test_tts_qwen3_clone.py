@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-from python_backends.media import audio
-from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.qwen3_tts import assistant_text, generate_codes, load_qwen3_tts, reference_text
-from python_backends.tts.qwen3_tts_clone import VoiceCloner, mel_filters, mel_spectrogram
-from python_backends.tts.qwen3_tts_codec import load_codec
+from triton_omni.media import audio
+from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.qwen3_tts import assistant_text, generate_codes, load_qwen3_tts, reference_text
+from triton_omni.tts.qwen3_tts_clone import VoiceCloner, mel_filters, mel_spectrogram
+from triton_omni.tts.qwen3_tts_codec import load_codec
 from tests.conftest import running_server
 from tests.test_tts_qwen3_server import audio_s16
 from tests.test_tts_server import SpeechError, fails_beside, stream_speech

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from converters.tiny import build
-from python_backends.tts.qwen3_tts_codec import load_codec
-from python_backends.tts.qwen3_tts_codec_stream import StreamingDecoder, StreamState
+from triton_omni.converters.tiny import build
+from triton_omni.tts.qwen3_tts_codec import load_codec
+from triton_omni.tts.qwen3_tts_codec_stream import StreamingDecoder, StreamState
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMES = 64                     # > the transformer's window (8) and the receptive field (27 frames) of the tiny config

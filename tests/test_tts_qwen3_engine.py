@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from python_backends.ar.config import EngineConfig
-from python_backends.ar.sampling import SamplingParams
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.step import Request, ResponseSink, StepContext, string_array
-from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.qwen3_tts import assistant_text, generate_codes, load_qwen3_tts, talker_engine
+from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.sampling import SamplingParams
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.step import Request, ResponseSink, StepContext, string_array
+from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.qwen3_tts import assistant_text, generate_codes, load_qwen3_tts, talker_engine
 
 CASES = [("The quick brown fox jumps over the lazy dog.", "English", "Ryan", False),   # text streamed per step
          ("Hello there.", "Auto", "vivian", False),
@@ -114,7 +114,7 @@ def test_padded_batches_as_in_cuda_graph_buckets(folder, prompts, monkeypatch):
     """What the CUDA-graph buckets replay, run eagerly on the CPU: the first frame (sampled from the
     prompts' hidden states) and the decode steps, 3 rows padded to 4 with the scratch row (whose state
     every padded step writes), give the frames of unpadded decode."""
-    from python_backends.ar.model_runner import GREEDY as GREEDY_VARIANT, ModelRunner
+    from triton_omni.ar.model_runner import GREEDY as GREEDY_VARIANT, ModelRunner
 
     want = make_engine(load_qwen3_tts(folder)).generate(prompts, GREEDY)
     engine = make_engine(load_qwen3_tts(folder), cuda_graph_batch_sizes=[4])
@@ -146,7 +146,7 @@ class Collect(ResponseSink):
 
 
 def test_talker_frames_step_streams_the_engine_frames(folder, prompts):
-    from python_backends.tts.qwen3_tts_steps import TalkerFrames, TalkerFramesParams
+    from triton_omni.tts.qwen3_tts_steps import TalkerFrames, TalkerFramesParams
 
     tokenizer = load_tokenizer(folder)
     params = TalkerFramesParams(checkpoint=str(folder), max_num_seqs=4, max_model_len=128, block_size=8)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from converters.tiny import build
-from python_backends.tts.qwen3_tts import assistant_text, bind_cache, load_qwen3_tts, prefill
-from python_backends.tts.qwen3_tts_codec import load_codec
+from triton_omni.converters.tiny import build
+from triton_omni.tts.qwen3_tts import assistant_text, bind_cache, load_qwen3_tts, prefill
+from triton_omni.tts.qwen3_tts_codec import load_codec
 from tests.test_tts_qwen3 import ROOT, VARIANTS, _random_codes
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 @pytest.fixture(scope="module")
 def kernels_on():
-    from python_backends.kernels import dispatch
+    from triton_omni.kernels import dispatch
 
     was = dispatch.enabled()
     dispatch.enable(True)
@@ -55,7 +55,7 @@ def test_predict_codes_in_a_cuda_graph(folder, kernels_on, dtype):
 
 
 def test_matches_the_cpu_run(folder, kernels_on):
-    from python_backends.text.tokenizer import load_tokenizer
+    from triton_omni.text.tokenizer import load_tokenizer
 
     cpu, gpu = load_qwen3_tts(folder), load_qwen3_tts(folder, "cuda", torch.float32)
     ids = load_tokenizer(folder)(assistant_text("The quick brown fox jumps over the lazy dog."))["input_ids"]
@@ -92,10 +92,10 @@ def test_engine_graph_decode_equals_eager_and_one_by_one(folder, kernels_on):
     """The talker on the AR engine (tests/test_tts_qwen3_engine.py on the CPU): the whole frame step
     (rules, code 0, the predictor's 15 sub-steps, next input) replayed as a CUDA graph per batch bucket
     gives the frames of eager decode, for a batch with padding rows and for each request alone."""
-    from python_backends.ar.config import EngineConfig
-    from python_backends.ar.sampling import SamplingParams
-    from python_backends.text.tokenizer import load_tokenizer
-    from python_backends.tts.qwen3_tts import talker_engine
+    from triton_omni.ar.config import EngineConfig
+    from triton_omni.ar.sampling import SamplingParams
+    from triton_omni.text.tokenizer import load_tokenizer
+    from triton_omni.tts.qwen3_tts import talker_engine
 
     tokenizer = load_tokenizer(folder)
     texts = ["The quick brown fox jumps over the lazy dog.", "Hello there.", "Numbers 0123456789 and punctuation.",
@@ -126,7 +126,7 @@ def test_codec_state_pool_graphs_equal_eager(folder):
     """The served codec's calls (StatePool): replayed as CUDA graphs per (rows, frames) they give the
     samples and states of eager calls, for streams interleaved at different points, padded with the
     scratch row, in chunks of the plan's sizes."""
-    from python_backends.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
+    from triton_omni.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
 
     codec = load_codec(folder, "cuda")
     eager = StatePool(StreamingDecoder(codec.decoder), 4)

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from converters.tiny import build
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.step import Request, StepContext, string_array
-from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.qwen3_tts import instruct_text, load_qwen3_tts
-from python_backends.tts.qwen3_tts_serve import Qwen3TTSPre, Qwen3TTSPreParams
+from triton_omni.converters.tiny import build
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.step import Request, StepContext, string_array
+from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.qwen3_tts import instruct_text, load_qwen3_tts
+from triton_omni.tts.qwen3_tts_serve import Qwen3TTSPre, Qwen3TTSPreParams
 
 ROOT = Path(__file__).resolve().parent.parent
 

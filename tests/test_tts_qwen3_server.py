@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from python_backends.media import audio
+from triton_omni.media import audio
 from tests.conftest import rounds_until_batched, running_server
 from tests.test_tts_server import fails_beside, stream_speech
 
@@ -63,9 +63,9 @@ def test_streamed_chunks_equal_the_non_streamed_audio(server):
 
 @pytest.mark.parametrize("language", [None, "German"])
 def test_wav_equals_the_in_process_talker_and_codec(server, tiny_checkpoints, language):
-    from python_backends.text.tokenizer import load_tokenizer
-    from python_backends.tts.qwen3_tts import assistant_text, generate_codes, load_qwen3_tts
-    from python_backends.tts.qwen3_tts_codec import load_codec
+    from triton_omni.text.tokenizer import load_tokenizer
+    from triton_omni.tts.qwen3_tts import assistant_text, generate_codes, load_qwen3_tts
+    from triton_omni.tts.qwen3_tts_codec import load_codec
 
     text, frames = "The quick brown fox jumps over the lazy dog.", 16
     chosen = {"language": language} if language else {}

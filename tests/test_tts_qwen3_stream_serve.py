@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from converters.tiny import build
-from python_backends.runtime.errors import Unavailable
-from python_backends.runtime.step import Request, ResponseSink, StepContext, string_array
-from python_backends.tts.chunking import ChunkPlan
-from python_backends.tts.qwen3_tts_codec import load_codec
-from python_backends.tts.qwen3_tts_serve import FrameChunkSink, Qwen3TTSCodecParams, Qwen3TTSCodecStep
-from python_backends.tts.request import Speech
+from triton_omni.converters.tiny import build
+from triton_omni.runtime.errors import Unavailable
+from triton_omni.runtime.step import Request, ResponseSink, StepContext, string_array
+from triton_omni.tts.chunking import ChunkPlan
+from triton_omni.tts.qwen3_tts_codec import load_codec
+from triton_omni.tts.qwen3_tts_serve import FrameChunkSink, Qwen3TTSCodecParams, Qwen3TTSCodecStep
+from triton_omni.tts.request import Speech
 
 ROOT = Path(__file__).resolve().parent.parent
 FS = 1920                       # samples per frame

@@ -20,8 +20,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from client.tensors import make_inputs
-from python_backends.media import audio
+from triton_omni.client.tensors import make_inputs
+from triton_omni.media import audio
 from tests.conftest import assert_int16_equal, rounds_until_batched, running_server, wav_pcm16
 
 pytestmark = pytest.mark.server

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from converters.tiny_tts import SNAC_TINY_CONFIG, snac_24khz
-from python_backends.tts.snac import PositionalNoise, RandnNoise, load_snac, positional_normal
+from triton_omni.converters.tiny_tts import SNAC_TINY_CONFIG, snac_24khz
+from triton_omni.tts.snac import PositionalNoise, RandnNoise, load_snac, positional_normal
 
 snac = pytest.importorskip("snac")
 

@@ -1,6 +1,6 @@
 """An OpenAI-compatible HTTP server in front of Triton, generated from the ensemble YAMLs.
 
-    python -m client.openai_proxy --triton-url localhost:8001 --port 9000 [--api-key KEY]
+    python -m triton_omni.client.openai_proxy --triton-url localhost:8001 --port 9000 [--api-key KEY]
 
 Routes: /v1/models, /v1/chat/completions, /v1/audio/speech, /v1/audio/voices,
 /v1/audio/transcriptions, /v1/images/generations, /v1/images/edits, /v1/videos. See README.md.

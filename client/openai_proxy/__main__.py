@@ -1,4 +1,4 @@
-"""`python -m client.openai_proxy --triton-url localhost:8001 --port 9000 [--api-key KEY]`"""
+"""`python -m triton_omni.client.openai_proxy --triton-url localhost:8001 --port 9000 [--api-key KEY]`"""
 from __future__ import annotations
 
 import argparse
@@ -7,12 +7,12 @@ import os
 import sys
 from pathlib import Path
 
-from client.openai_proxy.context import Settings
+from triton_omni.client.openai_proxy.context import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
     defaults = Settings()
-    ap = argparse.ArgumentParser(prog="python -m client.openai_proxy", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m triton_omni.client.openai_proxy", description=__doc__)
     ap.add_argument("--triton-url", default=defaults.triton_url, help="Triton's gRPC endpoint (host:port)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=9000)
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from client.openai_proxy.app import create_app
+    from triton_omni.client.openai_proxy.app import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = create_app(Settings(triton_url=args.triton_url, api_key=args.api_key, max_body_bytes=args.max_body_bytes,

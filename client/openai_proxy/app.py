@@ -11,13 +11,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 
-from client.openai_proxy import audio, chat, images, videos
-from client.openai_proxy.context import Proxy, Settings, proxy_of
-from client.openai_proxy.errors import ProxyError, install
-from client.openai_proxy.fields import refuse
-from client.openai_proxy.models import ModelTable, load_models
-from client.openai_proxy.triton import ClientGone, TritonGateway
-from client.openai_proxy.voices import VoiceStore
+from triton_omni.client.openai_proxy import audio, chat, images, videos
+from triton_omni.client.openai_proxy.context import Proxy, Settings, proxy_of
+from triton_omni.client.openai_proxy.errors import ProxyError, install
+from triton_omni.client.openai_proxy.fields import refuse
+from triton_omni.client.openai_proxy.models import ModelTable, load_models
+from triton_omni.client.openai_proxy.triton import ClientGone, TritonGateway
+from triton_omni.client.openai_proxy.voices import VoiceStore
 
 
 async def check_api_key(request: Request) -> None:

@@ -14,12 +14,12 @@ from contextlib import aclosing
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
-from client.openai_proxy.context import proxy_of
-from client.openai_proxy.errors import ProxyError, bad_field, missing
-from client.openai_proxy.fields import Fields, form_body, json_body
-from client.openai_proxy.sse import event, sse_response
-from client.openai_proxy.triton import ClientGone, first_response
-from client.tensors import first, text
+from triton_omni.client.openai_proxy.context import proxy_of
+from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, missing
+from triton_omni.client.openai_proxy.fields import Fields, form_body, json_body
+from triton_omni.client.openai_proxy.sse import event, sse_response
+from triton_omni.client.openai_proxy.triton import ClientGone, first_response
+from triton_omni.client.tensors import first, text
 
 router = APIRouter()
 MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/pcm"}

@@ -13,12 +13,12 @@ from contextlib import aclosing
 
 from fastapi import APIRouter, Request
 
-from client.openai_proxy.context import proxy_of
-from client.openai_proxy.errors import ProxyError, bad_field, missing
-from client.openai_proxy.fields import Fields, json_body
-from client.openai_proxy.sse import DONE, event, sse_response
-from client.openai_proxy.triton import ClientGone, first_response
-from client.tensors import first, text
+from triton_omni.client.openai_proxy.context import proxy_of
+from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, missing
+from triton_omni.client.openai_proxy.fields import Fields, json_body
+from triton_omni.client.openai_proxy.sse import DONE, event, sse_response
+from triton_omni.client.openai_proxy.triton import ClientGone, first_response
+from triton_omni.client.tensors import first, text
 
 router = APIRouter()
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from fastapi import Request
 
-from client.openai_proxy.models import ModelTable
-from client.openai_proxy.triton import TritonGateway
+from triton_omni.client.openai_proxy.models import ModelTable
+from triton_omni.client.openai_proxy.triton import TritonGateway
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from fastapi import Request
 from starlette.datastructures import FormData, UploadFile
 
-from client.openai_proxy.errors import ProxyError, bad_field, missing
+from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, missing
 
 DRAIN_BYTES = 64 << 20     # how much of an oversized body is read (and dropped) before the 413
 

@@ -12,10 +12,10 @@ import time
 
 from fastapi import APIRouter, Request
 
-from client.openai_proxy.context import proxy_of
-from client.openai_proxy.errors import bad_field
-from client.openai_proxy.fields import Fields, form_body, json_body
-from client.tensors import items
+from triton_omni.client.openai_proxy.context import proxy_of
+from triton_omni.client.openai_proxy.errors import bad_field
+from triton_omni.client.openai_proxy.fields import Fields, form_body, json_body
+from triton_omni.client.tensors import items
 
 router = APIRouter()
 SIZE = re.compile(r"^[1-9][0-9]*x[1-9][0-9]*$")

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.openai_proxy.errors import ProxyError
+from triton_omni.client.openai_proxy.errors import ProxyError
 
 log = logging.getLogger("openai_proxy")
 
@@ -36,7 +36,7 @@ class ServedModel:
 def load_models(config_dir: Path) -> dict[str, ServedModel]:
     """name -> model for every YAML with an OpenAI route. A YAML that does not load is skipped
     (logged), so one broken config never takes the proxy down."""
-    from converters.schema import load_ensemble
+    from triton_omni.converters.schema import load_ensemble
 
     models = {}
     for path in sorted(Path(config_dir).glob("*.yaml")):

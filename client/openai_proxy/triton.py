@@ -17,9 +17,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from client.openai_proxy.errors import ProxyError, from_triton
-from client.tensors import make_inputs
-from client.triton import host_port, is_final_response
+from triton_omni.client.openai_proxy.errors import ProxyError, from_triton
+from triton_omni.client.tensors import make_inputs
+from triton_omni.client.triton import host_port, is_final_response
 
 Outputs = dict[str, np.ndarray]
 POLL_S = 0.2            # how often a waiting request checks that its client is still there

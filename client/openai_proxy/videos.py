@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from client.openai_proxy.context import proxy_of
-from client.openai_proxy.errors import ProxyError, bad_field
-from client.openai_proxy.fields import json_or_form
-from client.openai_proxy.images import image_values
-from client.tensors import first
+from triton_omni.client.openai_proxy.context import proxy_of
+from triton_omni.client.openai_proxy.errors import ProxyError, bad_field
+from triton_omni.client.openai_proxy.fields import json_or_form
+from triton_omni.client.openai_proxy.images import image_values
+from triton_omni.client.tensors import first
 
 router = APIRouter()
 

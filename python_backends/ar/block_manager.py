@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from python_backends.ar.sequence import Sequence
+from triton_omni.ar.sequence import Sequence
 
 
 class BlockManager:

@@ -15,7 +15,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.85
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     enforce_eager: bool = False             # True: never capture CUDA graphs
-    use_triton_kernels: bool = True         # CUDA only: the python_backends/kernels/ Triton kernels for hot ops
+    use_triton_kernels: bool = True         # CUDA only: the kernels/ Triton kernels for hot ops
     # prefill steps of up to this many prompt tokens (all prompts of the step together) replayed as CUDA
     # graphs, padded to the next size; longer ones run eagerly. Only the sizes up to the first that
     # holds the largest possible step (max_num_batched_tokens, or one prompt of max_model_len) are captured.

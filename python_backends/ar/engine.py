@@ -19,14 +19,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from python_backends.kernels.reference import FINISH_LENGTH, FINISH_STOP
-from python_backends.ar.block_manager import BlockManager
-from python_backends.ar.config import EngineConfig
-from python_backends.ar.model_runner import ModelRunner, StepHandle
-from python_backends.ar.sampling import SamplingParams
-from python_backends.ar.scheduler import Scheduler
-from python_backends.ar.sequence import Sequence, Status
-from python_backends.runtime.errors import InvalidInput
+from triton_omni.kernels.reference import FINISH_LENGTH, FINISH_STOP
+from triton_omni.ar.block_manager import BlockManager
+from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.model_runner import ModelRunner, StepHandle
+from triton_omni.ar.sampling import SamplingParams
+from triton_omni.ar.scheduler import Scheduler
+from triton_omni.ar.sequence import Sequence, Status
+from triton_omni.runtime.errors import InvalidInput
 
 
 TRACE_ENV = "TRITON_OMNI_ENGINE_TRACE"

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from python_backends.kernels import dispatch
-from python_backends.ar.config import EngineConfig
-from python_backends.ar.sampling import sample
-from python_backends.ar.sequence import Sequence
-from python_backends.models.context import AttentionCacheSpec, ForwardContext, RecurrentStateSpec
-from python_backends.runtime.device import upload
+from triton_omni.kernels import dispatch
+from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.sampling import sample
+from triton_omni.ar.sequence import Sequence
+from triton_omni.models.context import AttentionCacheSpec, ForwardContext, RecurrentStateSpec
+from triton_omni.runtime.device import upload
 
 MAX_STOP_IDS = 16           # eos + stop_token_ids per request (validated in SamplingParams)
 GREEDY, SAMPLE, FILTERED = "greedy", "sample", "filtered"

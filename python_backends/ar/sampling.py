@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from python_backends.runtime.errors import InvalidInput
+from triton_omni.runtime.errors import InvalidInput
 
 FIELD = "sampling_parameters"
 

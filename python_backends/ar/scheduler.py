@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from python_backends.ar.block_manager import BlockManager
-from python_backends.ar.sequence import Sequence, Status
+from triton_omni.ar.block_manager import BlockManager
+from triton_omni.ar.sequence import Sequence, Status
 
 
 @dataclass

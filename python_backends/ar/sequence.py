@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from python_backends.ar.sampling import SamplingParams
+from triton_omni.ar.sampling import SamplingParams
 
 _ids = itertools.count()
 

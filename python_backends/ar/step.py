@@ -18,19 +18,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from python_backends.ar.config import EngineConfig
-from python_backends.ar.engine import EngineThread, LLMEngine
-from python_backends.ar.sampling import SamplingParams
-from python_backends.ar.sequence import Sequence
-from python_backends.models.registry import load_causal_lm, text_config
-from python_backends.runtime.errors import Cancelled, InvalidInput
-from python_backends.runtime.front import ABORT_INPUT
-from python_backends.runtime.metrics import Gauge
-from python_backends.runtime.params import torch_dtype
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
-from python_backends.text.stream import TokenStream
-from python_backends.text.tokenizer import load_tokenizer, token_byte_table
+from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.engine import EngineThread, LLMEngine
+from triton_omni.ar.sampling import SamplingParams
+from triton_omni.ar.sequence import Sequence
+from triton_omni.models.registry import load_causal_lm, text_config
+from triton_omni.runtime.errors import Cancelled, InvalidInput
+from triton_omni.runtime.front import ABORT_INPUT
+from triton_omni.runtime.metrics import Gauge
+from triton_omni.runtime.params import torch_dtype
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
+from triton_omni.text.stream import TokenStream
+from triton_omni.text.tokenizer import load_tokenizer, token_byte_table
 
 CONTEXT_TOKENS = 4          # already-sent tokens repeated in each response for the detokenizer
 CANCEL_CHECK_S = 0.1
@@ -115,7 +115,7 @@ def eos_token_ids(folder, tokenizer) -> list[int]:
 def enable_kernels(device, wanted: bool) -> None:
     """The kernels/ Triton kernels for this process's hot ops (CUDA only; the CPU keeps torch's)."""
     if torch.device(device).type == "cuda" and wanted:
-        from python_backends.kernels import dispatch
+        from triton_omni.kernels import dispatch
 
         dispatch.enable(True)
 

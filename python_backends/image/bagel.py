@@ -32,14 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from python_backends.image.bagel_model import load_autoencoder, load_generator, release_folder, schedule, unpatchify
-from python_backends.image.denoise import DenoiseStep, Job
-from python_backends.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
-from python_backends.image.request import ImageLimits, parse_request, parse_size
-from python_backends.image.vae import VaeDecodeStep
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register
+from triton_omni.image.bagel_model import load_autoencoder, load_generator, release_folder, schedule, unpatchify
+from triton_omni.image.denoise import DenoiseStep, Job
+from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
+from triton_omni.image.request import ImageLimits, parse_request, parse_size
+from triton_omni.image.vae import VaeDecodeStep
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, StepContext, register
 
 BOS, EOS, IMAGE_START, IMAGE_END = "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"
 VAE_DOWNSAMPLE = 8

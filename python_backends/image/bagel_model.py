@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from python_backends.runtime.params import torch_dtype
+from triton_omni.runtime.params import torch_dtype
 
 FLUX_SCALE, FLUX_SHIFT = 0.3611, 0.1159     # FLUX's latent scale and shift (the release hard-codes them too)
 RELEASE_FILES = ("llm_config.json", "ema.safetensors", "ae.safetensors")
@@ -40,7 +40,7 @@ def release_folder(folder: Path, who: str) -> Path:
     missing = [f for f in RELEASE_FILES if not (folder / f).exists()]
     if missing:
         raise FileNotFoundError(f"{who}: checkpoint folder {str(folder)!r} (parameter 'checkpoint') has no "
-                                f"{', '.join(missing)}; build it (`python -m converters tiny`) or pass "
+                                f"{', '.join(missing)}; build it (`python -m triton_omni.converters tiny`) or pass "
                                 "--checkpoint bagel=DIR with a downloaded BAGEL-7B-MoT folder")
     return folder
 

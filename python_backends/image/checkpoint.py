@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from python_backends.runtime.params import torch_dtype
-from python_backends.runtime.step import StepContext
+from triton_omni.runtime.params import torch_dtype
+from triton_omni.runtime.step import StepContext
 
 
 
@@ -22,7 +22,7 @@ def pipeline_folder(ctx: StepContext, value: str) -> Path:
     folder = ctx.path(value) if value else None
     if folder is None or not (folder / "model_index.json").exists():
         raise FileNotFoundError(f"{ctx.model_name}: checkpoint folder {str(folder)!r} (parameter 'checkpoint') has "
-                                "no model_index.json; build it (`python -m converters tiny`) or pass "
+                                "no model_index.json; build it (`python -m triton_omni.converters tiny`) or pass "
                                 "--checkpoint NAME=DIR with a downloaded diffusers pipeline folder")
     return folder
 

@@ -17,11 +17,11 @@ from typing import Hashable
 
 import torch
 
-from python_backends.image.checkpoint import load_component, load_scheduler, pipeline_folder, vae_scale_factor
-from python_backends.image.tensors import group_by, to_output, to_torch
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext
+from triton_omni.image.checkpoint import load_component, load_scheduler, pipeline_folder, vae_scale_factor
+from triton_omni.image.tensors import group_by, to_output, to_torch
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, StepContext
 
 
 @dataclass

@@ -5,10 +5,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from python_backends.media.image import FORMATS, encode_image
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, register
+from triton_omni.media.image import FORMATS, encode_image
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, register
 
 
 @dataclass

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from python_backends.image.denoise import DenoiseStep, Job
-from python_backends.image.text_encoder import TextEncoderParams, TextEncoderStep
-from python_backends.image.vae import VaeDecodeStep
-from python_backends.runtime.step import register
+from triton_omni.image.denoise import DenoiseStep, Job
+from triton_omni.image.text_encoder import TextEncoderParams, TextEncoderStep
+from triton_omni.image.vae import VaeDecodeStep
+from triton_omni.runtime.step import register
 
 def _pipeline():
     """diffusers' Flux2KleinPipeline module (imported when a FLUX.2 step runs, not when the converter

@@ -31,16 +31,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from python_backends.image.checkpoint import load_component, pipeline_folder, vae_scale_factor
-from python_backends.image.denoise import DenoiseStep, Job
-from python_backends.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
-from python_backends.image.qwen_image import QwenEditTextEncoder, QwenEditVaeDecode, host, latent_stats
-from python_backends.image.request import ImageLimits, parse_request
-from python_backends.image.tensors import group_by, to_output, to_torch
-from python_backends.media.image import ImageDecodeError, decode_image
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register
+from triton_omni.image.checkpoint import load_component, pipeline_folder, vae_scale_factor
+from triton_omni.image.denoise import DenoiseStep, Job
+from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
+from triton_omni.image.qwen_image import QwenEditTextEncoder, QwenEditVaeDecode, host, latent_stats
+from triton_omni.image.request import ImageLimits, parse_request
+from triton_omni.image.tensors import group_by, to_output, to_torch
+from triton_omni.media.image import ImageDecodeError, decode_image
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, StepContext, register
 
 # The pipeline's "multiple_images" template with its one image slot filled in ("<image>\n" becomes
 # the vision tokens); the first `drop_tokens` tokens (the system part) are dropped from the embeddings.

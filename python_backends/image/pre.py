@@ -14,10 +14,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from python_backends.image.checkpoint import load_tokenizer, model_index, pipeline_folder, vae_scale_factor
-from python_backends.image.request import ImageLimits, ImageRequest, parse_request
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register, string_array
+from triton_omni.image.checkpoint import load_tokenizer, model_index, pipeline_folder, vae_scale_factor
+from triton_omni.image.request import ImageLimits, ImageRequest, parse_request
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
 
 def settings_tensors(r: ImageRequest, width: int | None = None, height: int | None = None) -> dict:
     """The request's settings as the typed tensors every later step reads (`width`/`height`: the

@@ -27,16 +27,16 @@ from typing import Hashable
 import numpy as np
 import torch
 
-from python_backends.image.checkpoint import load_component, model_index, pipeline_folder, vae_scale_factor
-from python_backends.image.denoise import DenoiseStep, Job
-from python_backends.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
-from python_backends.image.request import ImageLimits, parse_request, parse_size
-from python_backends.image.tensors import group_by, to_output, to_torch
-from python_backends.image.vae import VaeDecodeStep
-from python_backends.media.image import ImageDecodeError, decode_image
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register
+from triton_omni.image.checkpoint import load_component, model_index, pipeline_folder, vae_scale_factor
+from triton_omni.image.denoise import DenoiseStep, Job
+from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
+from triton_omni.image.request import ImageLimits, parse_request, parse_size
+from triton_omni.image.tensors import group_by, to_output, to_torch
+from triton_omni.image.vae import VaeDecodeStep
+from triton_omni.media.image import ImageDecodeError, decode_image
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, StepContext, register
 
 # The pipelines' prompt template (prompt_template_encode); Edit puts one image before the prompt,
 # Plus one "Picture i: " slot per image.

@@ -11,8 +11,8 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.step import Request
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.step import Request
 
 FORMATS = {"png": "png", "jpeg": "jpeg", "jpg": "jpeg", "webp": "webp"}
 SEED_MAX = 2**63 - 1

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from python_backends.image.checkpoint import load_component, pipeline_folder
-from python_backends.image.tensors import group_by, to_output
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext
+from triton_omni.image.checkpoint import load_component, pipeline_folder
+from triton_omni.image.tensors import group_by, to_output
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, StepContext
 
 
 @dataclass

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from python_backends.image.denoise import DenoiseParams, DenoiseStep, Job
-from python_backends.image import z_image_transformer
-from python_backends.image.text_encoder import TextEncoderStep
-from python_backends.image.vae import VaeDecodeStep
-from python_backends.runtime.step import register
+from triton_omni.image.denoise import DenoiseParams, DenoiseStep, Job
+from triton_omni.image import z_image_transformer
+from triton_omni.image.text_encoder import TextEncoderStep
+from triton_omni.image.vae import VaeDecodeStep
+from triton_omni.runtime.step import register
 
 
 @register("z_image_text_encoder")

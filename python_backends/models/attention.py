@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from python_backends.kernels import dispatch
-from python_backends.models.context import AttentionCacheSpec, ForwardContext
+from triton_omni.kernels import dispatch
+from triton_omni.models.context import AttentionCacheSpec, ForwardContext
 
 
 class PagedAttention(nn.Module):

@@ -8,10 +8,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from python_backends.kernels import dispatch
-from python_backends.models.attention import PagedAttention
-from python_backends.models.context import ForwardContext
-from python_backends.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding, rope_inv_freq
+from triton_omni.kernels import dispatch
+from triton_omni.models.attention import PagedAttention
+from triton_omni.models.context import ForwardContext
+from triton_omni.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding, rope_inv_freq
 
 # checkpoint name fragment -> (our merged module's name fragment, part index)
 PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),

@@ -1,14 +1,14 @@
 """Building blocks shared by the decoder models: norms, rotary embedding, gated MLP, fused linears.
 
 Each has a plain torch form (the reference, used on CPU); on CUDA the engine can route the hot ones
-to the Triton kernels in `python_backends/kernels/` (same maths, checked against these forms).
+to the Triton kernels in `kernels/` (same maths, checked against these forms).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from python_backends.kernels import dispatch
+from triton_omni.kernels import dispatch
 
 
 class RMSNorm(nn.Module):

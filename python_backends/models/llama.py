@@ -6,7 +6,7 @@ transformers. Talkers such as Orpheus are Llama checkpoints.
 """
 from __future__ import annotations
 
-from python_backends.models.decoder import CausalLM, DecoderModel, dense_layer
+from triton_omni.models.decoder import CausalLM, DecoderModel, dense_layer
 
 
 class LlamaForCausalLM(CausalLM):

@@ -2,7 +2,7 @@
 The Llama layer with an RMSNorm per head on q and k."""
 from __future__ import annotations
 
-from python_backends.models.decoder import CausalLM, DecoderModel, dense_layer
+from triton_omni.models.decoder import CausalLM, DecoderModel, dense_layer
 
 
 class Qwen3ForCausalLM(CausalLM):

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from python_backends.kernels import dispatch, reference
-from python_backends.models.attention import PagedAttention
-from python_backends.models.context import ForwardContext, RecurrentStateSpec
-from python_backends.models.decoder import PACKED, CausalLM, DecoderLayer, DecoderModel
-from python_backends.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding
+from triton_omni.kernels import dispatch, reference
+from triton_omni.models.attention import PagedAttention
+from triton_omni.models.context import ForwardContext, RecurrentStateSpec
+from triton_omni.models.decoder import PACKED, CausalLM, DecoderLayer, DecoderModel
+from triton_omni.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding
 
 
 class GatedRMSNorm(RMSNorm):

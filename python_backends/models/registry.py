@@ -7,15 +7,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from python_backends.models.loader import load_weights
+from triton_omni.models.loader import load_weights
 
 
 # model_type -> (module, class); imported only when a checkpoint of that type is loaded
 MODELS = {
-    "qwen3": ("python_backends.models.qwen3", "Qwen3ForCausalLM"),
-    "qwen3_5": ("python_backends.models.qwen3_5", "Qwen3_5ForCausalLM"),
-    "qwen3_5_text": ("python_backends.models.qwen3_5", "Qwen3_5ForCausalLM"),
-    "llama": ("python_backends.models.llama", "LlamaForCausalLM"),
+    "qwen3": ("triton_omni.models.qwen3", "Qwen3ForCausalLM"),
+    "qwen3_5": ("triton_omni.models.qwen3_5", "Qwen3_5ForCausalLM"),
+    "qwen3_5_text": ("triton_omni.models.qwen3_5", "Qwen3_5ForCausalLM"),
+    "llama": ("triton_omni.models.llama", "LlamaForCausalLM"),
 }
 
 

@@ -17,7 +17,7 @@ import uuid
 
 import numpy as np
 
-from python_backends.runtime.triton_model import STUB_LOCK   # every call into the stub holds it
+from triton_omni.runtime.triton_model import STUB_LOCK   # every call into the stub holds it
 
 CANCEL_CHECK_S = 0.1
 CHECKS_PER_ROUND = 8

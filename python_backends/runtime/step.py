@@ -14,8 +14,8 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.spec import TensorSpec
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.spec import TensorSpec
 
 STEPS: dict[str, type["Step"]] = {}
 

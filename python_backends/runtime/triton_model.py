@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from python_backends.runtime.errors import InvalidInput, forget_traceback, to_triton_error
-from python_backends.runtime.params import parse_params
-from python_backends.runtime.step import Request, ResponseSink, Step, StepContext
+from triton_omni.runtime.errors import InvalidInput, forget_traceback, to_triton_error
+from triton_omni.runtime.params import parse_params
+from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext
 
 
 # One lock around every call into the stub from any of a model's threads. The 2.51 python stub is

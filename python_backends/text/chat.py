@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from python_backends.ar.sampling import FIELD as SAMPLING, SamplingParams
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register, string_array
-from python_backends.text.tokenizer import load_tokenizer
+from triton_omni.ar.sampling import FIELD as SAMPLING, SamplingParams
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
+from triton_omni.text.tokenizer import load_tokenizer
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 

@@ -25,14 +25,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.params import torch_dtype
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register, string_array
-from python_backends.tts.chatterbox import T3, Sampling, T3Job, TextTokenizer, Voice, generate_tokens, load_voice
-from python_backends.tts.chatterbox_s3gen import CFM_STEPS, MELS, SAMPLE_RATE, S3Gen
-from python_backends.tts.chatterbox_voice import VoiceCloner
-from python_backends.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_reference, \
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.params import torch_dtype
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
+from triton_omni.tts.chatterbox import T3, Sampling, T3Job, TextTokenizer, Voice, generate_tokens, load_voice
+from triton_omni.tts.chatterbox_s3gen import CFM_STEPS, MELS, SAMPLE_RATE, S3Gen
+from triton_omni.tts.chatterbox_voice import VoiceCloner
+from triton_omni.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_reference, \
     parse_speech, reference_transcript
 
 DEFAULT_VOICE = "default"

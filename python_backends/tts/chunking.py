@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from python_backends.runtime.params import torch_dtype
-from python_backends.runtime.step import Request, Step, StepContext
-from python_backends.tts.request import AUDIO_CHUNK_OUTPUTS
+from triton_omni.runtime.params import torch_dtype
+from triton_omni.runtime.step import Request, Step, StepContext
+from triton_omni.tts.request import AUDIO_CHUNK_OUTPUTS
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, StepContext, register
-from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.chunking import ChunkedCodec, ChunkPlan, Window
-from python_backends.tts.orpheus import TOKENS_PER_FRAME as TPF, OrpheusTokens, frames_to_codes
-from python_backends.tts.request import SPEECH, Speech
-from python_backends.tts.snac import PositionalNoise, load_snac
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, StepContext, register
+from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.chunking import ChunkedCodec, ChunkPlan, Window
+from triton_omni.tts.orpheus import TOKENS_PER_FRAME as TPF, OrpheusTokens, frames_to_codes
+from triton_omni.tts.request import SPEECH, Speech
+from triton_omni.tts.snac import PositionalNoise, load_snac
 
 
 @dataclass

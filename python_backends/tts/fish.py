@@ -39,10 +39,10 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from python_backends.models.context import ForwardContext
-from python_backends.models.decoder import DecoderModel, dense_layer
-from python_backends.models.loader import checkpoint_tensors
-from python_backends.tts.qwen3_tts import PredictorAttention, predictor_step
+from triton_omni.models.context import ForwardContext
+from triton_omni.models.decoder import DecoderModel, dense_layer
+from triton_omni.models.loader import checkpoint_tensors
+from triton_omni.tts.qwen3_tts import PredictorAttention, predictor_step
 
 IM_END = "<|im_end|>"
 SEMANTIC = "<|semantic:{}|>"
@@ -329,7 +329,7 @@ def _load_layer(layer, rest: str, tensor: torch.Tensor, cfg) -> None:
 
 
 def load_fish(folder: str | Path, device="cpu", dtype: torch.dtype = torch.float32, tokenizer=None) -> FishS2:
-    from python_backends.text.tokenizer import load_tokenizer
+    from triton_omni.text.tokenizer import load_tokenizer
 
     tokenizer = tokenizer or load_tokenizer(folder)
     config = FishConfig.from_folder(folder, tokenizer)
@@ -380,7 +380,7 @@ def load_fish(folder: str | Path, device="cpu", dtype: torch.dtype = torch.float
 
 def fish_engine(model: FishS2, config, device=None, dtype=None):
     """The AR engine over the slow model; frames of N + 1 ids; <|im_end|> as the main id stops."""
-    from python_backends.ar.engine import LLMEngine
+    from triton_omni.ar.engine import LLMEngine
 
     p = next(model.parameters())
     return LLMEngine(model, config, device or p.device, dtype or p.dtype,

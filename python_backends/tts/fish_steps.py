@@ -41,16 +41,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from python_backends.ar.sampling import FIELD as SAMPLING, SamplingParams
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
-from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.chunking import ChunkedCodec, ChunkPlan, Window
-from python_backends.tts.fish import DEFAULT_SAMPLING, FishConfig, FishPrompt, fish_engine, load_fish, prompt_ids
-from python_backends.tts.fish_codec import load_codec, load_codec_encoder
-from python_backends.tts.qwen3_tts_steps import TalkerFrames, TalkerFramesParams
-from python_backends.tts.request import SPEECH, SPEECH_INPUTS, Speech, has_reference, parse_speech, read_reference
+from triton_omni.ar.sampling import FIELD as SAMPLING, SamplingParams
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
+from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.chunking import ChunkedCodec, ChunkPlan, Window
+from triton_omni.tts.fish import DEFAULT_SAMPLING, FishConfig, FishPrompt, fish_engine, load_fish, prompt_ids
+from triton_omni.tts.fish_codec import load_codec, load_codec_encoder
+from triton_omni.tts.qwen3_tts_steps import TalkerFrames, TalkerFramesParams
+from triton_omni.tts.request import SPEECH, SPEECH_INPUTS, Speech, has_reference, parse_speech, read_reference
 
 VOICES = ["default"]            # the model's own voice (no preset speakers in the release)
 MIN_AUDIO_FRAMES = 12           # a prompt must leave room for about half a second of audio
@@ -208,7 +208,7 @@ class FishTalker(TalkerFrames):
         self.plan = ChunkPlan(p.first_chunk_frames, p.chunk_frames, p.context_frames, 0)
 
     def submit(self, request: Request, sink: ResponseSink) -> None:
-        from python_backends.tts.qwen3_tts_steps import _FrameReply
+        from triton_omni.tts.qwen3_tts_steps import _FrameReply
 
         if self.handle_abort(request, sink):
             return

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.params import torch_dtype
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
-from python_backends.tts.kokoro import SAMPLE_RATE, Kokoro, load_voice, voice_style
-from python_backends.tts.kokoro_text import Phonemizer, check_phonemes, segments
-from python_backends.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, parse_speech,
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.params import torch_dtype
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
+from triton_omni.tts.kokoro import SAMPLE_RATE, Kokoro, load_voice, voice_style
+from triton_omni.tts.kokoro_text import Phonemizer, check_phonemes, segments
+from triton_omni.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, parse_speech,
                                          reject_reference)
 
 PHONEMES = TensorSpec("phonemes", "TYPE_STRING", (1,), optional=True)

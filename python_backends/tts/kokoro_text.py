@@ -24,8 +24,8 @@ import re
 import shutil
 import subprocess
 
-from python_backends.runtime.errors import InvalidInput
-from python_backends.tts.kokoro import MAX_PHONEMES
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.tts.kokoro import MAX_PHONEMES
 
 LANGUAGES = {"a": "en-us", "b": "en-gb", "e": "es", "f": "fr-fr", "h": "hi", "i": "it", "p": "pt-br"}
 PUNCTUATION = re.compile(r'([;:,.!?—…"()“”]+)')

@@ -34,15 +34,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.params import torch_dtype
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register
-from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.omnivoice import (Codec, CodecEncoder, Job, OmniVoiceModel, Settings, codec_sizes,
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.params import torch_dtype
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, StepContext, register
+from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.omnivoice import (Codec, CodecEncoder, Job, OmniVoiceModel, Settings, codec_sizes,
                                            estimate_frames, finish, generate, prepare_reference, prompt_ids,
                                            punctuate, voice_design)
-from python_backends.tts.request import (SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, has_reference, parse_speech,
+from triton_omni.tts.request import (SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, has_reference, parse_speech,
                                          read_reference)
 
 AUTO = "auto"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from python_backends.media import audio
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, register
-from python_backends.tts.request import SPEECH, Speech
+from triton_omni.media import audio
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, register
+from triton_omni.tts.request import SPEECH, Speech
 
 
 @register("speech_post")

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from python_backends.ar.sampling import FIELD as SAMPLING, SamplingParams
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, Step, StepContext, register, string_array
-from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.orpheus import TOKENS_PER_FRAME, VOICES, OrpheusTokens
-from python_backends.tts.request import SPEECH, SPEECH_INPUTS, Speech, parse_speech, reject_reference
+from triton_omni.ar.sampling import FIELD as SAMPLING, SamplingParams
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
+from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.orpheus import TOKENS_PER_FRAME, VOICES, OrpheusTokens
+from triton_omni.tts.request import SPEECH, SPEECH_INPUTS, Speech, parse_speech, reject_reference
 
 MIN_AUDIO_FRAMES = 12        # a prompt must leave room for about a second of audio
 

@@ -43,11 +43,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from python_backends.kernels import dispatch
-from python_backends.models.context import ForwardContext
-from python_backends.models.decoder import PACKED, DecoderModel, dense_layer
-from python_backends.models.loader import load_weights
-from python_backends.runtime.device import upload
+from triton_omni.kernels import dispatch
+from triton_omni.models.context import ForwardContext
+from triton_omni.models.decoder import PACKED, DecoderModel, dense_layer
+from triton_omni.models.loader import load_weights
+from triton_omni.runtime.device import upload
 
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]     # (logits [B, V], sub-step j) -> codes [B]
 
@@ -542,21 +542,21 @@ class TalkerRules:
 
 class SubtalkerSampler:
     """Temperature / top-k / top-p sampling for the predictor's codes with the engine's counter-based
-    sampler (python_backends.ar.sampling.sample); sub-step j of frame f draws with step f*N + j."""
+    sampler (triton_omni.ar.sampling.sample); sub-step j of frame f draws with step f*N + j."""
 
     def __init__(self, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
                  frames: torch.Tensor, num_code_groups: int):
         self.t, self.k, self.p, self.seeds, self.frames, self.n = temperature, top_k, top_p, seeds, frames, num_code_groups
 
     def __call__(self, logits: torch.Tensor, j: int) -> torch.Tensor:
-        from python_backends.ar.sampling import sample
+        from triton_omni.ar.sampling import sample
 
         return sample(logits, self.t, self.k, self.p, self.seeds, self.frames * self.n + j, True, True)
 
 
 def talker_engine(model: Qwen3TTS, config, device=None, dtype=None):
     """The AR engine over this talker: prompts are `TalkerPrompt`s, outputs frames; codec EOS stops."""
-    from python_backends.ar.engine import LLMEngine
+    from triton_omni.ar.engine import LLMEngine
 
     p = next(model.parameters())
     return LLMEngine(model, config, device or p.device, dtype or p.dtype,
@@ -578,7 +578,7 @@ def bind_cache(model: Qwen3TTS, rows: int, max_len: int) -> None:
     """Binds a paged KV cache as the engine lays it out, one block of `max_len` slots per row (row r's
     position i is slot r * max_len + i), to the talker's attention layers (not the engine's way of
     sizing it: for `prefill` / `generate_codes` and tests)."""
-    from python_backends.ar.model_runner import cache_layers
+    from triton_omni.ar.model_runner import cache_layers
 
     p = next(model.parameters())
     for module, spec in cache_layers(model):

@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from python_backends.models.decoder import PACKED
-from python_backends.models.layers import GatedMLP, MergedLinear, RMSNorm, rope_inv_freq
-from python_backends.models.loader import load_weights
+from triton_omni.models.decoder import PACKED
+from triton_omni.models.layers import GatedMLP, MergedLinear, RMSNorm, rope_inv_freq
+from triton_omni.models.loader import load_weights
 
 SAMPLE_RATE = 24000
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from python_backends.tts.qwen3_tts_codec import (CausalConv1d, CausalConvTranspose1d, CodecDecoder, ConvNeXtBlock,
+from triton_omni.tts.qwen3_tts_codec import (CausalConv1d, CausalConvTranspose1d, CodecDecoder, ConvNeXtBlock,
                                                  DecoderBlock, ResidualUnit, SnakeBeta, _rotate)
 
 

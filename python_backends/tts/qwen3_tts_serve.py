@@ -55,19 +55,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from python_backends.ar.sampling import FIELD as SAMPLING, SamplingParams
-from python_backends.runtime.errors import InvalidInput, Unavailable
-from python_backends.runtime.params import torch_dtype
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
-from python_backends.text.tokenizer import load_tokenizer
-from python_backends.tts.chunking import ChunkPlan, bit_stable_on_cpu
-from python_backends.tts.qwen3_tts import assistant_text, instruct_text, language_id, languages, reference_text
-from python_backends.tts.qwen3_tts_codec import load_codec
-from python_backends.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
-from python_backends.tts.qwen3_tts_steps import (REFERENCE_REPETITION_PENALTY, REFERENCE_SAMPLING, TalkerFrames,
+from triton_omni.ar.sampling import FIELD as SAMPLING, SamplingParams
+from triton_omni.runtime.errors import InvalidInput, Unavailable
+from triton_omni.runtime.params import torch_dtype
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
+from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.chunking import ChunkPlan, bit_stable_on_cpu
+from triton_omni.tts.qwen3_tts import assistant_text, instruct_text, language_id, languages, reference_text
+from triton_omni.tts.qwen3_tts_codec import load_codec
+from triton_omni.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
+from triton_omni.tts.qwen3_tts_steps import (REFERENCE_REPETITION_PENALTY, REFERENCE_SAMPLING, TalkerFrames,
                                                  TalkerFramesParams)
-from python_backends.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_reference,
+from triton_omni.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_reference,
                                          parse_speech, reject_reference)
 
 MIN_AUDIO_FRAMES = 12           # a prompt must leave room for about a second of audio
@@ -119,7 +119,7 @@ class Qwen3TTSPre(Step):
         self.voices = sorted((self.config.get("spk_id") or {}).keys())
         self.cloner = None
         if raw.get("tts_model_type") == "base":
-            from python_backends.tts.qwen3_tts_clone import VoiceCloner
+            from triton_omni.tts.qwen3_tts_clone import VoiceCloner
 
             self.cloner, self.voices = VoiceCloner(folder), []
         elif not self.voices:

@@ -12,16 +12,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from python_backends.ar.engine import LLMEngine
-from python_backends.ar.sampling import FIELD, SamplingParams
-from python_backends.ar.step import ARDecode, ARParams, _Reply, enable_kernels
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.front import ABORT_INPUT
-from python_backends.runtime.params import torch_dtype
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, ResponseSink, register, string_array
-from python_backends.tts.qwen3_tts import load_qwen3_tts, talker_engine
-from python_backends.tts.request import SPEECH, Speech
+from triton_omni.ar.engine import LLMEngine
+from triton_omni.ar.sampling import FIELD, SamplingParams
+from triton_omni.ar.step import ARDecode, ARParams, _Reply, enable_kernels
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.front import ABORT_INPUT
+from triton_omni.runtime.params import torch_dtype
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, ResponseSink, register, string_array
+from triton_omni.tts.qwen3_tts import load_qwen3_tts, talker_engine
+from triton_omni.tts.request import SPEECH, Speech
 
 # the reference's generate() defaults, for code 0 and the code predictor alike
 REFERENCE_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0}

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from python_backends.media.audio import RESPONSE_FORMATS
-from python_backends.runtime.errors import InvalidInput
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, string_array
+from triton_omni.media.audio import RESPONSE_FORMATS
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, string_array
 
 SPEECH_INPUTS = (
     TensorSpec("text", "TYPE_STRING", (1,), optional=True),
@@ -123,7 +123,7 @@ def reference_transcript(req: Request) -> str:
 def reference_clip(req: Request, rate: int | None, min_seconds: float, max_seconds: float) -> tuple[np.ndarray, int]:
     """`reference_audio` decoded to a mono float waveform at `rate` (None: the file's own), checked;
     (waveform, its rate)."""
-    from python_backends.media.audio import decode
+    from triton_omni.media.audio import decode
 
     data = reference_bytes(req)
     if not data:
@@ -149,7 +149,7 @@ def read_reference(req: Request, rate: int, min_seconds: float, max_seconds: flo
     samples); the transcript is required, `why_transcript` says why."""
     import torch
 
-    from python_backends.tts.omnivoice import resample
+    from triton_omni.tts.omnivoice import resample
 
     wave, own = reference_clip(req, None, min_seconds, max_seconds)      # one decode, at the file's rate
     transcript = reference_transcript(req)

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from python_backends.ar.step import ARDecode, ARParams
-from python_backends.runtime.spec import TensorSpec
-from python_backends.runtime.step import Request, ResponseSink, StepContext, register
-from python_backends.tts.chunking import ChunkPlan
-from python_backends.tts.orpheus import TOKENS_PER_FRAME
-from python_backends.tts.request import SPEECH, Speech
-from python_backends.tts.snac import SNACDecoder, read_config
+from triton_omni.ar.step import ARDecode, ARParams
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, ResponseSink, StepContext, register
+from triton_omni.tts.chunking import ChunkPlan
+from triton_omni.tts.orpheus import TOKENS_PER_FRAME
+from triton_omni.tts.request import SPEECH, Speech
+from triton_omni.tts.snac import SNACDecoder, read_config
 
 
 @dataclass

@@ -95,7 +95,7 @@ def main() -> None:
     llm_config.qk_norm, llm_config.tie_word_embeddings = True, False
     llm_config.layer_module = "Qwen2MoTDecoderLayer"
     # The release's load_ae hard-codes FLUX's autoencoder; the tiny one is smaller (converters/tiny_bagel.py).
-    from converters.tiny_bagel import AE_CH, AE_CH_MULT, AE_RES_BLOCKS, LATENT_CHANNELS, MAX_LATENT_SIZE
+    from triton_omni.converters.tiny_bagel import AE_CH, AE_CH_MULT, AE_RES_BLOCKS, LATENT_CHANNELS, MAX_LATENT_SIZE
     ae_params = AutoEncoderParams(resolution=256, in_channels=3, downsample=8, ch=AE_CH, out_ch=3,
                                   ch_mult=list(AE_CH_MULT), num_res_blocks=AE_RES_BLOCKS, z_channels=LATENT_CHANNELS,
                                   scale_factor=0.3611, shift_factor=0.1159)

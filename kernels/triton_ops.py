@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from python_backends.kernels import reference
+from triton_omni.kernels import reference
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -10,7 +10,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from python_backends.kernels import reference
+from triton_omni.kernels import reference
 
 _enabled = False
 
@@ -19,7 +19,7 @@ def enable(on: bool = True) -> None:
     """Use the Triton kernels for CUDA tensors (needs the `triton` package)."""
     global _enabled
     if on:
-        import python_backends.kernels.triton_ops  # noqa: F401 - fail here, not in the middle of a forward pass
+        import triton_omni.kernels.triton_ops  # noqa: F401 - fail here, not in the middle of a forward pass
     _enabled = on
 
 
@@ -29,7 +29,7 @@ def enabled() -> bool:
 
 def _kernel(x: torch.Tensor):
     if _enabled and x.is_cuda:
-        import python_backends.kernels.triton_ops as ops
+        import triton_omni.kernels.triton_ops as ops
 
         return ops
     return None
@@ -129,7 +129,7 @@ def gated_delta_chunks(cu_seqlens, seq_lens, num_tokens):
     forward: the kernels' GatedDeltaChunks from cu_seqlens [S + 1] (device) and a bound on the tokens,
     or the torch path's ChunkLayout from the host lengths `seq_lens`."""
     if delta_rule_kernel(cu_seqlens.device):
-        import python_backends.kernels.triton_ops as ops
+        import triton_omni.kernels.triton_ops as ops
 
         return ops.GatedDeltaChunks.of(cu_seqlens, num_tokens)
     return reference.ChunkLayout.build(seq_lens, reference.DELTA_CHUNK, cu_seqlens.device)
@@ -142,7 +142,7 @@ def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks, state, slots):
         out, states = reference.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks)
         state.index_copy_(0, slots, states)
         return out
-    import python_backends.kernels.triton_ops as ops
+    import triton_omni.kernels.triton_ops as ops
 
     return ops.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks, state, slots)
 

@@ -1,1 +1,0 @@
-"""Ensemble YAML -> model repository (config.pbtxt + model.py per step), and tiny demo checkpoints."""

@@ -1,1 +1,0 @@
-"""The library that triton-omni's step models call: runtime, AR engine, models, codecs, media."""
