@@ -12,6 +12,7 @@ directory holding `libpython3.X.so` goes on LD_LIBRARY_PATH (else the OS copy is
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -35,8 +36,10 @@ class ServerInstall:
 
 
 def _pytriton_root() -> Path | None:
-    for site in sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]:
-        root = Path(site) / "pytriton" / "tritonserver"
+    """The server tree of the nvidia-pytriton wheel importable here (found, not imported)."""
+    spec = importlib.util.find_spec("pytriton")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        root = Path(folder) / "tritonserver"
         if (root / "bin" / "tritonserver").exists():
             return root
     return None
