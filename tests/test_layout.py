@@ -1,0 +1,92 @@
+"""The repository's shape: one import root (`triton_omni`), and model families that never import each other.
+
+The top-level folders are mapped onto `triton_omni.*` (setup.py). These tests fail if one of them
+becomes a global import name again, if the built wheel stops carrying them, or if a model family
+starts borrowing from another family instead of a shared module.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+MAPPED = {"python_backends": "triton_omni", "kernels": "triton_omni.kernels", "client": "triton_omni.client",
+          "converters": "triton_omni.converters", "launcher": "triton_omni.launcher"}
+# folders whose subpackages are model families: a family imports shared modules, never a sibling
+FAMILY_PARENTS = ["python_backends/tts", "python_backends/image"]
+
+
+def imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("folder", sorted(MAPPED))
+def test_mapped_folders_are_not_packages_at_the_root(folder):
+    # a regular package here would be what `import <folder>` finds whenever the root is on sys.path
+    assert not (ROOT / folder / "__init__.py").exists(), f"{folder}/__init__.py makes '{folder}' a global import name"
+
+
+def test_import_kernels_from_the_root_is_not_ours():
+    # transformers imports Hugging Face's `kernels` package; from the repository root it must find that one
+    out = subprocess.run([sys.executable, "-c", "import kernels, json; print(json.dumps(list(kernels.__path__)))"],
+                         cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        assert "No module named 'kernels'" in out.stderr, out.stderr
+        return
+    assert str(ROOT / "kernels") not in out.stdout, f"'import kernels' from the root resolved to ours: {out.stdout}"
+
+
+def test_families_import_no_other_family():
+    borrowed = []
+    for parent in FAMILY_PARENTS:
+        base = ROOT / parent
+        package = "triton_omni." + ".".join(Path(parent).relative_to("python_backends").parts)
+        families = sorted(p.name for p in base.iterdir() if (p / "__init__.py").exists())
+        for family in families:
+            others = [f"{package}.{f}" for f in families if f != family]
+            for path in sorted((base / family).rglob("*.py")):
+                for name in imported_modules(path):
+                    if any(name == o or name.startswith(o + ".") for o in others):
+                        borrowed.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not borrowed, "families import each other (move the piece to a shared module):\n" + "\n".join(borrowed)
+
+
+def test_wheel_carries_the_mapped_folders_and_imports_in_a_fresh_venv(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+                   check=True, capture_output=True, cwd=tmp_path, timeout=300)
+    wheel = next(wheels.glob("triton_omni-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "triton_omni/kernels/dispatch.py" in names and "triton_omni/runtime/step.py" in names
+    assert "triton_omni/client/openai_proxy/app.py" in names and "triton_omni/launcher/cli.py" in names
+    assert not any(n.split("/")[0] in MAPPED for n in names), "a top-level folder name reached the wheel's root"
+    # a fresh venv with the wheel; its third-party dependencies are borrowed from this environment
+    env = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env)
+    py = env / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    deps = subprocess.run([sys.executable, "-c", "import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    Path(site, "deps.pth").write_text(deps + "\n")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+                   capture_output=True, timeout=300)
+    code = ("import triton_omni.kernels.dispatch as d, triton_omni.runtime.step, triton_omni.launcher.cli; "
+            "print(d.__file__)")
+    out = subprocess.run([str(py), "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(site), f"imported from {out.stdout.strip()}, not the installed wheel"
