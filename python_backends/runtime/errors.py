@@ -27,12 +27,21 @@ class Cancelled(Exception):
     """The client cancelled the request (or its stream went away)."""
 
 
+MAX_MESSAGE_CHARS = 2000   # an error that quotes its input (a list of a million ids) stays readable
+
+
+def error_message(exc: BaseException, internal: bool) -> str:
+    msg = f"{type(exc).__name__}: {exc}" if internal else str(exc)
+    if len(msg) > MAX_MESSAGE_CHARS:
+        msg = f"{msg[:MAX_MESSAGE_CHARS]}... ({len(msg) - MAX_MESSAGE_CHARS} more characters)"
+    return msg
+
+
 def to_triton_error(exc: BaseException, pb_utils):
     codes = {InvalidInput: pb_utils.TritonError.INVALID_ARG, Unsupported: pb_utils.TritonError.UNSUPPORTED,
              Cancelled: pb_utils.TritonError.CANCELLED, Unavailable: pb_utils.TritonError.UNAVAILABLE}
     code = next((c for cls, c in codes.items() if isinstance(exc, cls)), pb_utils.TritonError.INTERNAL)
-    msg = str(exc) if code != pb_utils.TritonError.INTERNAL else f"{type(exc).__name__}: {exc}"
-    return pb_utils.TritonError(msg, code)
+    return pb_utils.TritonError(error_message(exc, code == pb_utils.TritonError.INTERNAL), code)
 
 
 def forget_traceback(exc: BaseException) -> None:

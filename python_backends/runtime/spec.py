@@ -13,6 +13,12 @@ TRITON_DTYPES: dict[str, object] = {
 }
 
 
+# Bounds every step input gets unless it declares its own (`TensorSpec.max_dims`, `Step.input_limits`):
+# what one request may send at all, so a absurd shape is refused before a step allocates for it.
+DEFAULT_MAX_ITEMS = 1 << 26          # elements of one input (256 MB of float32)
+DEFAULT_MAX_BYTES = 64 << 20         # bytes of one input's strings together
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output tensor of a step, without the batch dimension."""
@@ -23,6 +29,9 @@ class TensorSpec:
     optional: bool = False     # inputs only: the request may leave it out
     ragged: bool = False       # inputs only: requests of different lengths may share a batch
     control: bool = False      # inputs only: sent to the step directly, never wired in the ensemble
+    # inputs only: the most entries one request may send along each variable (-1) dimension, in
+    # order; None leaves that dimension to the step's `input_limits()` or to DEFAULT_MAX_ITEMS
+    max_dims: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in TRITON_DTYPES:

@@ -169,6 +169,12 @@ class Step:
                     results[slot] = exc
         return results
 
+    def input_limits(self) -> dict[str, tuple[int | None, ...]]:
+        """The most entries one request may send along each dimension of an input, from this step's
+        parameters (e.g. a codec's frames from its longest audio). The adapter refuses a larger
+        request with INVALID_ARG naming the input before the step sees it; None leaves a dimension free."""
+        return {}
+
     def one(self, request: Request) -> dict[str, Any]:
         raise NotImplementedError
 

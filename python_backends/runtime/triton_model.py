@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from triton_omni.runtime.errors import InvalidInput, forget_traceback, to_triton_error
+from triton_omni.runtime.errors import InvalidInput, error_message, forget_traceback, to_triton_error
+from triton_omni.runtime.guards import InputGuard
 from triton_omni.runtime.params import parse_params
 from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext
 
@@ -98,6 +99,7 @@ class _Adapter:
                           log=pb_utils.Logger.log_info)
         self.input_names = [t.name for t in self.step_cls.inputs]
         self.step = self.step_cls(ctx)
+        self.guard = InputGuard(self.step_cls.inputs, self.step.input_limits())
 
     # -- tensors ------------------------------------------------------------------------------
     def read_request(self, request) -> Request:
@@ -122,6 +124,7 @@ class _Adapter:
                                              "request (the server batches requests together)")
                 value = value[0]
             tensors[name] = value
+        self.guard.check(tensors)
         # a decoupled step asks its sink (the response sender outlives the request) instead
         return Request(tensors, request.request_id(), None if self.step_cls.decoupled else request.is_cancelled)
 
@@ -176,7 +179,9 @@ class _Adapter:
 
     def _log_unexpected(self, exc: BaseException) -> None:
         if not isinstance(exc, InvalidInput):
-            self.pb_utils.Logger.log_error("".join(traceback.format_exception(exc)))
+            # the traceback, then the message capped as the client sees it (a huge input stays out of the log)
+            trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[:-1])
+            self.pb_utils.Logger.log_error(trace + error_message(exc, internal=True))
 
     def finalize(self) -> None:
         self.step.close()
