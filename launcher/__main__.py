@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from triton_omni.launcher.triton import TritonServer, find_install, server_env
+from triton_omni.launcher.triton import TritonServer, find_install
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,9 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     server = TritonServer(args.model_repository, args.models, args.http_port, args.grpc_port,
                           args.metrics_port, extra_args=[a for a in args.extra if a != "--"])
-    cmd = server.command(install)
-    print("+", " ".join(cmd), flush=True)
-    os.execve(cmd[0], cmd, server_env(install))   # replace this process: signals reach the server
+    return server.run_foreground()
 
 
 if __name__ == "__main__":

@@ -113,6 +113,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Stop(Exception):
+    """SIGTERM or SIGINT reached a foreground server's supervisor."""
+
+
+EXIT_TIMEOUT_S = 15            # tritonserver's own grace for in-flight requests and model unloads
+SHM_PREFIX = "triton_python_backend_shm_region_"
+
+
+def group_processes(pgid: int) -> dict[int, list[str]]:
+    """pid -> argv of every live process in a process group (the server and its stubs)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != pgid:
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found[int(entry.name)] = [a.decode(errors="replace") for a in argv if a]
+        except (OSError, IndexError, ProcessLookupError):
+            continue
+    return found
+
+
+def stub_shm_files(processes: dict[int, list[str]]) -> set[Path]:
+    """The /dev/shm segments named on the stubs' command lines (one per model instance)."""
+    return {Path("/dev/shm") / a for argv in processes.values() for a in argv if a.startswith(SHM_PREFIX)}
+
+
 @dataclass
 class TritonServer:
     """A running tritonserver process. Use as a context manager; `stop()` leaves no stub behind."""
@@ -130,7 +160,7 @@ class TritonServer:
         cmd = [str(install.binary), f"--model-repository={Path(self.model_repository).resolve()}",
                f"--backend-directory={install.backend_dir}",
                f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
-               f"--metrics-port={self.metrics_port}", "--exit-timeout-secs=15"]
+               f"--metrics-port={self.metrics_port}", f"--exit-timeout-secs={EXIT_TIMEOUT_S}"]
         if self.models is not None:
             cmd.append("--model-control-mode=explicit")
             cmd += [f"--load-model={m}" for m in self.with_dependencies(self.models)]
@@ -164,6 +194,29 @@ class TritonServer:
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s{self._log_tail()}")
 
+    def run_foreground(self) -> int:
+        """Serve until the server exits or this process gets SIGTERM/SIGINT (then `stop()`: the
+        server's own shutdown, and no stub or shared-memory file left behind). The server's log goes
+        to this terminal."""
+        install = find_install()
+        cmd = self.command(install)
+        print("+", " ".join(cmd), flush=True)
+        self.proc = subprocess.Popen(cmd, env=server_env(install), start_new_session=True)
+
+        def on_signal(signum, frame):
+            raise _Stop(signum)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+        try:
+            return self.proc.wait()
+        except _Stop:
+            return 0
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)     # a second Ctrl-C does not cut the cleanup short
+            self.stop()
+
     def _ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/v2/health/ready", timeout=2) as r:
@@ -177,20 +230,31 @@ class TritonServer:
         lines = Path(self.log_path).read_text(errors="replace").splitlines()[-n:]
         return "\n--- server log (tail) ---\n" + "\n".join(lines)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the server (it stops its stubs), then SIGKILL the whole process group if needed."""
-        if self.proc is None or self.proc.poll() is not None:
+    def stop(self, timeout: float = EXIT_TIMEOUT_S + 10.0) -> None:
+        """SIGTERM the server (it stops its stubs within its exit timeout); past `timeout`, or if stubs
+        outlive it, SIGKILL the whole process group and remove the shared-memory files its stubs
+        named. Seen without this: an idle gRPC stream a client keeps open holds tritonserver past
+        its exit timeout, and a stub whose model never unloaded outlives the server (parent 1)."""
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
+        shm = stub_shm_files(group_processes(self.proc.pid))
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        shm |= stub_shm_files(group_processes(self.proc.pid))   # stubs started since
         try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)   # stubs left behind, if any
+            os.killpg(self.proc.pid, signal.SIGKILL)   # the server if it hung, stubs left behind
         except ProcessLookupError:
             pass
         self.proc.wait()
+        deadline = time.monotonic() + 5
+        while group_processes(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)                           # the killed stubs' exits
+        for f in shm:
+            f.unlink(missing_ok=True)                  # a stub killed or orphaned leaves its segment
 
     @property
     def http_url(self) -> str:

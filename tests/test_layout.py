@@ -7,6 +7,7 @@ starts borrowing from another family instead of a shared module.
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import venv
@@ -66,8 +67,15 @@ def test_families_import_no_other_family():
 
 
 def test_wheel_carries_the_mapped_folders_and_imports_in_a_fresh_venv(tmp_path):
+    # built from a copy: an in-tree build would leave build/ and an egg-info in the checkout
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ["setup.py", "pyproject.toml", "README.md", *MAPPED]:
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        copy(ROOT / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                         if (ROOT / name).is_dir() else {}))
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(src)],
                    check=True, capture_output=True, cwd=tmp_path, timeout=300)
     wheel = next(wheels.glob("triton_omni-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
