@@ -1,1 +1,2 @@
-"""perf_analyzer inputs and runner (run.py), and the AR decode benchmark (bench_ar_decode.py)."""
+"""Benchmarks and measuring tools, not part of the distribution. Run from the repository root:
+`python -m perf_analyzer_configs.<folder>.<module>` (they import the installed triton_omni)."""

@@ -123,7 +123,7 @@ def test_compile_parses_and_defaults_off(cls):
 
 @pytest.mark.parametrize("name", ["flux2_klein", "z_image_turbo"])
 def test_resolved_parameters_carry_compile(name):
-    """bench_image.py's ours-compile mode sets compile=true on every step whose resolved parameters have it."""
+    """The image benchmark's ours-compile mode sets compile=true on every step whose resolved parameters have it."""
     cfg = load_ensemble(ROOT / "ensemble_configs" / f"{name}.yaml")
     for target in ("cpu", "gpu"):
         params = {s.key: cfg.resolved_parameters(s, target) for s in cfg.steps}

@@ -104,7 +104,7 @@ def test_image_errors_name_the_field(sdk):
 ])
 def test_perf_analyzer_measures_each_media_model(server, tmp_path, model, inputs):
     extra = [a for value in inputs for a in ("--input", value)]
-    run = subprocess.run([sys.executable, "perf_analyzer_configs/run.py", "--url", server.grpc_url, "--models", model,
+    run = subprocess.run([sys.executable, "-m", "perf_analyzer_configs.runner.run", "--url", server.grpc_url, "--models", model,
                           "--concurrency", "1", "--measurement-ms", "4000", "--max-trials", "3", "--stability", "999",
                           "--timeout", "180", "--out", str(tmp_path), *extra],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from perf_analyzer_configs import inputs, perf_analyzer
+from perf_analyzer_configs.runner import inputs, perf_analyzer
 from tests.conftest import ROOT, running_server
 
 CSV = """Concurrency,Inferences/Second,Response Throughput,Client Send,Network+Server Send/Recv,Server Queue,\
@@ -53,7 +53,7 @@ def test_committed_inputs_are_current():
     from triton_omni.converters.__main__ import CONFIG_DIR
     from triton_omni.converters.schema import load_ensemble
 
-    committed = sorted((ROOT / "perf_analyzer_configs" / "inputs").glob("*.json"))
+    committed = sorted((ROOT / "perf_analyzer_configs" / "runner" / "inputs").glob("*.json"))
     assert committed, "no committed input files"
     for path in committed:
         route = load_ensemble(CONFIG_DIR / f"{path.stem}.yaml").openai["route"]
@@ -69,7 +69,7 @@ def server(tmp_path_factory, tiny_checkpoints):
 
 @pytest.mark.server
 def test_perf_analyzer_measures_qwen3_chat(server, tmp_path):
-    run = subprocess.run([sys.executable, "perf_analyzer_configs/run.py", "--url", server.grpc_url,
+    run = subprocess.run([sys.executable, "-m", "perf_analyzer_configs.runner.run", "--url", server.grpc_url,
                           "--models", "qwen3_chat", "--concurrency", "1", "2", "--measurement-ms", "800",
                           "--max-trials", "3", "--stability", "999", "--max-tokens", "8", "--timeout", "120",
                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
@@ -87,7 +87,7 @@ def test_perf_analyzer_measures_qwen3_chat(server, tmp_path):
 
 @pytest.mark.server
 def test_perf_analyzer_measures_qwen3_5_chat(server, tmp_path):
-    run = subprocess.run([sys.executable, "perf_analyzer_configs/run.py", "--url", server.grpc_url,
+    run = subprocess.run([sys.executable, "-m", "perf_analyzer_configs.runner.run", "--url", server.grpc_url,
                           "--models", "qwen3_5_chat", "--concurrency", "1", "--measurement-ms", "800",
                           "--max-trials", "3", "--stability", "999", "--max-tokens", "8", "--timeout", "120",
                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
@@ -107,7 +107,7 @@ def test_windows_by_time_or_by_completed_requests(tmp_path):
     assert counted[counted.index("--measurement-request-count") + 1] == "2" and "--streaming" not in counted
 
 def test_engine_trace_summary_lines_up_steps_with_waves():
-    from perf_analyzer_configs.engine_trace import summarize_wave
+    from perf_analyzer_configs.trace.engine_trace import summarize_wave
 
     t0 = 1000.0
     step = lambda dt, kind, rows, tokens=0, arrivals=(): {  # noqa: E731
@@ -128,7 +128,7 @@ def test_engine_trace_summary_lines_up_steps_with_waves():
 
 def test_triton_trace_summary_per_wave_and_step(tmp_path):
     """Triton's trace (entries written in pieces) grouped into waves; each step's first run per request."""
-    from perf_analyzer_configs.triton_trace import load, summarize_wave, waves
+    from perf_analyzer_configs.trace.triton_trace import load, summarize_wave, waves
 
     ms = 1_000_000
     entries, next_id = [], [0]
@@ -162,3 +162,43 @@ def test_triton_trace_summary_per_wave_and_step(tmp_path):
     assert "pre executes: 1x[2.0-3.0] 1x[3.0-4.0] 1x[4.0-5.0]" in text     # one request per execute
     assert "first response sent" in text and "40.0 /    41.0 /    42.0" in text
     assert text.index("pre queue_start") < text.index("post queue_start")
+
+
+def test_benchmarks_edit_no_sys_path():
+    """They run as `python -m perf_analyzer_configs...` and import the installed triton_omni."""
+    edits = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "perf_analyzer_configs").rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if "sys.path" in line]
+    assert not edits, edits
+
+
+def test_results_page_opens_with_the_current_rows_and_keeps_the_others(tmp_path):
+    from perf_analyzer_configs import results
+
+    page = results.Page(title="Toy", module="perf_analyzer_configs.benchmarks.toy",
+                        columns=[results.column("mode", "mode", numeric=False), results.column("x", "x", ".1f")],
+                        current=lambda r: r["mode"] != "old", order=lambda r: r["x"])
+    rows = [{"mode": "new", "x": 2.0}, {"mode": "old", "x": 9.0, "command": "python old.py"}, {"mode": "new", "x": 1.0}]
+    data = results.write(tmp_path / "toy.json", page, rows, {"gpu": "G", "versions": {"torch": "1"}}, ["tried: old"],
+                         command="python -m toy --fast")
+    assert data["commands"] == ["python -m toy --fast", "python old.py"] and len(data["results"]) == 3
+    page_md = (tmp_path / "toy.md").read_text()
+    assert page_md.startswith("# Toy (G)\n")
+    assert "    [1] python -m toy --fast" in page_md and "old.py" not in page_md
+    assert page_md.index("| new | 1.0 | 1 |") < page_md.index("| new | 2.0 | 1 |")
+    notes = (tmp_path / "toy_notes.md").read_text()
+    assert "    [1] python old.py" in notes and "| old | 9.0 | 1 |" in notes and "- tried: old" in notes
+
+
+@pytest.mark.parametrize("name", ["ar_decode", "decode_matmul", "image", "tts", "tts_codec_calls"])
+def test_committed_results_pages_are_generated_from_their_json(tmp_path, name):
+    """results/NAME.md (and NAME_notes.md) are what the writer makes of results/NAME.json
+    (refresh: python -m perf_analyzer_configs.results)."""
+    from perf_analyzer_configs import results
+
+    committed = ROOT / "perf_analyzer_configs" / "results"
+    (tmp_path / f"{name}.json").write_text((committed / f"{name}.json").read_text())
+    results.render(tmp_path / f"{name}.json", results.page_of(name), json.loads((committed / f"{name}.json").read_text()))
+    for page in (f"{name}.md", f"{name}_notes.md"):
+        assert (tmp_path / page).exists() == (committed / page).exists(), page
+        if (tmp_path / page).exists():
+            assert (tmp_path / page).read_text() == (committed / page).read_text(), f"{page} is stale"

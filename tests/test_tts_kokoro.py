@@ -162,8 +162,8 @@ def test_batched_rows_keep_their_durations(folder, model):
 def test_one_row_syncs_the_host_once(folder, model):
     """On a GPU the model is launch-bound and every host sync stalls it: a row alone copies its
     inputs over and reads its frame count, nothing more (no masks, no packed LSTMs). Counted on the
-    CPU as perf_analyzer_configs/op_count.py does (where tensors would live is tracked by hand)."""
-    from perf_analyzer_configs.op_count import Residency
+    CPU as perf_analyzer_configs/probes/op_count.py does (where tensors would live is tracked by hand)."""
+    from perf_analyzer_configs.probes.op_count import Residency
 
     style, residency = style_for(folder, "af_heart", FOX), Residency(model)
     with residency:
@@ -455,7 +455,7 @@ def test_perf_analyzer_measures_kokoro(server, tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "perf_analyzer_configs/run.py", "--url", server.grpc_url, "--models", MODEL,
+    run = subprocess.run([sys.executable, "-m", "perf_analyzer_configs.runner.run", "--url", server.grpc_url, "--models", MODEL,
                           "--concurrency", "1", "--measurement-requests", "2", "--max-trials", "3", "--stability", "999",
                           "--timeout", "180", "--input", "text=Hi.", "--out", str(tmp_path)], cwd=root, capture_output=True, text=True,
                          timeout=600)

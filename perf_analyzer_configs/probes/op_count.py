@@ -1,5 +1,5 @@
 """Kernels, host ops and host syncs of a model call, counted on the CPU as a GPU would see them
-(perf_analyzer_configs/kokoro_ops.py, delta_rule_ops.py): a kernel is an aten op that is not a view
+(kokoro_ops.py, delta_rule_ops.py beside it): a kernel is an aten op that is not a view
 nor a bare allocation.
 
 Nothing runs on a GPU here, so where a tensor would live is tracked by hand: model weights, and

@@ -2,23 +2,20 @@
 ensemble behind tritonserver, and the diffusers pipelines (eager and torch.compile), on the released
 Z-Image-Turbo and FLUX.2-klein-4B shapes with random bf16 weights, in one run on one GPU.
 
-    python perf_analyzer_configs/bench_image.py                        # on the GPU machine
-    python perf_analyzer_configs/bench_image.py --dry-run              # parameter and FLOP counts (no weights)
-    python perf_analyzer_configs/bench_image.py --shapes tiny --modes ours diffusers --out /tmp/image_tiny.json
+    python -m perf_analyzer_configs.benchmarks.bench_image             # on the GPU machine
+    python -m perf_analyzer_configs.benchmarks.bench_image --dry-run   # parameter and FLOP counts (no weights)
+    python -m perf_analyzer_configs.benchmarks.bench_image --shapes tiny --modes ours diffusers --out /tmp/image_tiny.json
 
 Weights are built on the device from the configs below (no download) and shared by every mode, so
 the modes' images can be compared (column "Δpx": max |pixel difference| of request 0 against the
-first mode that made it). Writes perf_analyzer_configs/results/image.json and image.md.
+first mode that made it). Writes perf_analyzer_configs/results/image.json and its pages.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import copy
-import datetime
-import gc
 import json
-import platform
 import random
 import shutil
 import statistics
@@ -27,25 +24,24 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import diffusers
+import numpy as np
+import torch
+import transformers
 
-import diffusers  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-import triton_omni.image.denoise  # noqa: E402
-from perf_analyzer_configs.merge import merge_parts  # noqa: E402
-import triton_omni.image.text_encoder  # noqa: E402
-import triton_omni.image.vae  # noqa: E402
-from triton_omni.converters.schema import load_ensemble  # noqa: E402
-from triton_omni.converters.tiny import synthetic_tokenizer  # noqa: E402
-from perf_analyzer_configs.bench_ar_decode import QWEN3_COMMON, SPECIALS, percentile  # noqa: E402
-from triton_omni.image.checkpoint import load_scheduler, load_tokenizer  # noqa: E402
-from triton_omni.image.z_image_transformer import ZImageContext  # noqa: E402
-from triton_omni.runtime.params import parse_params  # noqa: E402
-from triton_omni.runtime.step import Request, StepContext  # noqa: E402
+import triton_omni.image.denoise
+import triton_omni.image.text_encoder
+import triton_omni.image.vae
+from perf_analyzer_configs import results
+from perf_analyzer_configs.benchmarks.ar_checkpoints import QWEN3_COMMON, SPECIALS
+from perf_analyzer_configs.benchmarks.common import (ROOT, device_name, percentile, release_memory, start_server,
+                                                     versions)
+from triton_omni.converters.schema import load_ensemble
+from triton_omni.converters.tiny import synthetic_tokenizer
+from triton_omni.image.checkpoint import load_scheduler, load_tokenizer
+from triton_omni.image.z_image_transformer import ZImageContext
+from triton_omni.runtime.params import parse_params
+from triton_omni.runtime.step import Request, StepContext
 
 # Qwen/Qwen3-4B config.json: the text encoder of both models (text_encoder/config.json of each repo).
 QWEN3_4B = dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
@@ -355,9 +351,6 @@ def server(ctx, size):
     from PIL import Image     # the encode step makes PNGs with Pillow
 
     from triton_omni.client.image import ImageClient
-    from triton_omni.converters.__main__ import load_configs
-    from triton_omni.converters.generate import write_repository
-    from triton_omni.launcher.triton import TritonServer
     from triton_omni.launcher.triton import find_install
 
     find_install()
@@ -365,10 +358,7 @@ def server(ctx, size):
         weights = ctx.weights = write_folder(ctx.spec, Path(ctx.args.workdir) / f"{ctx.args.shapes}-{ctx.name}-weights")
         for key, module in ctx.components.items():
             module.save_pretrained(str(weights / key))
-        repo = Path(ctx.args.workdir) / f"repository-{ctx.name}"
-        write_repository(load_configs([ctx.name], [f"{ctx.name}={weights}"], []), repo, "gpu" if ctx.cuda else "cpu")
-        log = Path(ctx.args.workdir) / f"server-{ctx.name}.log"
-        ctx.server = TritonServer(repo, models=[ctx.name], log_path=log).start(timeout=1800)
+        ctx.server = start_server(ctx.name, weights, [], Path(ctx.args.workdir), "gpu" if ctx.cuda else "cpu")
 
     def go(c):
         results, lat, t0 = [None] * c, [0.0] * c, time.perf_counter()
@@ -446,50 +436,46 @@ def targets(rows) -> list[str]:
     return out
 
 
-def cell(value, fmt: str) -> str:
-    return "" if value is None else format(value, fmt)
+def write_results(rows, path: Path, matmul: float, gpu=None, run_versions=None, date=None, notes=()):
+    meta = {"gpu": gpu or device_name(), "versions": run_versions or versions("diffusers", "transformers"),
+            "matmul_tflops": matmul, "flops_formula": FLOPS_NOTE, "targets": targets(rows)}
+    results.write(path, PAGE, rows, meta, notes, date)
 
 
-def write_results(rows, path: Path, matmul: float, gpu=None, versions=None, date=None, notes=()):
-    versions = versions or {"torch": torch.__version__, "diffusers": diffusers.__version__,
-                            "transformers": transformers.__version__, "python": platform.python_version()}
-    gpu = gpu or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu")
-    command = "python " + " ".join(sys.argv)
-    for r in rows:
-        r.setdefault("command", command)
-    commands = list(dict.fromkeys(r["command"] for r in rows))
-    data = {"commands": commands, "date": date or datetime.datetime.now().isoformat(timespec="seconds"), "gpu": gpu,
-            "versions": versions, "matmul_tflops": matmul, "flops_formula": FLOPS_NOTE, "targets": targets(rows),
-            "notes": list(notes), "results": rows}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2))
-    lines = [f"# Image generation benchmark ({gpu})", "",
-             f"{data['date']}; torch {versions['torch']}, diffusers {versions.get('diffusers')}, transformers "
-             f"{versions.get('transformers')}. Made by (each row names its command in the JSON):", ""]
-    lines += [f"    {c}" for c in commands]
-    lines += ["", "Random weights in the released configs (Z-Image-Turbo: 8 steps, guidance 0; FLUX.2-klein-4B: 4 "
-              f"steps, guidance 1), one image per request, prompts of {PROMPT_CHARS} tokens + chat template. Latency: "
-              "request in -> uint8 pixels on the host, per request (ours: PNG encoding apart, in stages_ms); c=8: 8 "
-              "requests sent together (one-at-a-time modes serve them in turn). Medians over the repeats, after a "
-              f"warm-up. Matmul rate in this run (bf16 8192³; a CPU check: fp32 1024³): {matmul:.3g} TFLOP/s.", "",
-              FLOPS_NOTE, "",
-              "| model | size | mode | c | latency p50 ms | images/s | denoise ms/call (rows) | denoise TFLOP/s | "
-              "% matmul | Δpx max / mean | first call s |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        calls = f"{r['denoise_ms']:.1f} ({r['denoise_rows']})" if "denoise_ms" in r else ""
-        lines.append(f"| {r['model']} | {r['size']} | {r['mode']} | {r['concurrency']} | {r['latency_ms_p50']:.0f} | "
-                     f"{r['images_per_s']:.2f} | {calls} | {cell(r.get('denoise_tflops'), '.3g')} | "
-                     f"{'%.0f%%' % (100 * r['matmul_share']) if 'matmul_share' in r else ''} | "
-                     f"{r['max_abs_diff_px']}{' / %.1f' % r['mean_abs_diff_px'] if 'mean_abs_diff_px' in r else ''} | "
-                     f"{cell(r.get('first_call_s'), '.0f')} |")
-    lines += ["", "Δpx: |pixel difference| of request 0 against the first mode of the run that made that size's "
-              "image (same weights, prompt and seed): a sanity check, 0-1 in fp32 (`--shapes tiny` on a CPU). In "
-              "bf16 the random weights amplify rounding, and FLUX.2's pipeline keeps its latents in bf16 (ours: "
-              "fp32), so large values there are expected. first call s: the warm-up call after torch.compile "
-              "(compiling a new shape + one run), kept out of the timings.", "", "Targets:", ""]
-    lines += [f"- {t}" for t in data["targets"]]
-    lines += ["", "Notes:", ""] + [f"- {n}" for n in data["notes"]] if data["notes"] else []
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+def intro(data) -> list[str]:
+    return ["Random weights in the released configs (Z-Image-Turbo: 8 steps, guidance 0; FLUX.2-klein-4B: 4 steps, "
+            f"guidance 1), one image per request, prompts of {PROMPT_CHARS} tokens + chat template. Latency: request "
+            "in -> uint8 pixels on the host, per request (ours: PNG encoding apart, in stages_ms); c=8: 8 requests "
+            "sent together (one-at-a-time modes serve them in turn). Medians over the repeats, after a warm-up. "
+            "Matmul rate in this run (bf16 8192³; a CPU check: fp32 1024³): "
+            f"{data['matmul_tflops']:.3g} TFLOP/s.", "", data["flops_formula"]]
+
+
+def after(rows, data) -> list[str]:
+    return ["Δpx: |pixel difference| of request 0 against the first mode of the run that made that size's image "
+            "(same weights, prompt and seed): a sanity check, 0-1 in fp32 (`--shapes tiny` on a CPU). In bf16 the "
+            "random weights amplify rounding, and FLUX.2's pipeline keeps its latents in bf16 (ours: fp32), so "
+            "large values there are expected. first call s: the warm-up call after torch.compile (compiling a new "
+            "shape + one run), kept out of the timings.", "", "Targets:", "", *[f"- {t}" for t in data["targets"]]]
+
+
+MODE_LABELS = ["ours", "ours-compile", "diffusers", "diffusers (batched)", "diffusers-compile",
+               "diffusers-compile (batched)", "server"]
+PAGE = results.Page(
+    title="Image generation benchmark", module="perf_analyzer_configs.benchmarks.bench_image", intro=intro,
+    after=after,
+    columns=[results.column("model", "model", numeric=False), results.column("size", "size", numeric=False),
+             results.column("mode", "mode", numeric=False), results.column("c", "concurrency"),
+             results.column("latency p50 ms", "latency_ms_p50", ".0f"), results.column("images/s", "images_per_s", ".2f"),
+             results.Column("denoise ms/call (rows)",
+                            lambda r: f"{r['denoise_ms']:.1f} ({r['denoise_rows']})" if "denoise_ms" in r else ""),
+             results.column("denoise TFLOP/s", "denoise_tflops", ".3g"),
+             results.Column("% matmul", lambda r: f"{100 * r['matmul_share']:.0f}%" if "matmul_share" in r else ""),
+             results.Column("Δpx max / mean", lambda r: f"{r['max_abs_diff_px']}"
+                            + (f" / {r['mean_abs_diff_px']:.1f}" if "mean_abs_diff_px" in r else "")),
+             results.column("first call s", "first_call_s", ".0f")],
+    order=lambda r: (list(MODELS).index(r["model"]), -int(r["size"].split("x")[0]), MODE_LABELS.index(r["mode"]),
+                     r["concurrency"]))
 
 
 def main() -> int:
@@ -502,7 +488,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, help="timed runs per row (default 5; tiny: 2)")
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode of diffusers-compile")
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench-image")
-    ap.add_argument("--out", type=Path, default=ROOT / "perf_analyzer_configs" / "results" / "image.json")
+    ap.add_argument("--out", type=Path, default=results.RESULTS / "image.json")
     ap.add_argument("--dry-run", action="store_true", help="print parameter and FLOP counts (meta device), then stop")
     ap.add_argument("--merge", nargs="+", type=Path, help="combine the results of separate runs into --out")
     ap.add_argument("--note", action="append", default=[], help="a note for the results")
@@ -522,7 +508,7 @@ def main() -> int:
                       "per image and transformer call")
         return 0
     if args.merge:
-        parts, rows, notes = merge_parts(args.merge, ("model", "size", "mode", "concurrency"), args.note)
+        parts, rows, notes = results.merge_parts(args.merge, ("model", "size", "mode", "concurrency"), args.note)
         write_results(rows, args.out, parts[0]["matmul_tflops"], parts[0]["gpu"], parts[0]["versions"],
                       max(p["date"] for p in parts), notes)
         print(args.out.with_suffix(".md").read_text())
@@ -567,9 +553,8 @@ def main() -> int:
             if "weights" in ctx:
                 shutil.rmtree(ctx.weights, ignore_errors=True)   # gigabytes
             del ctx
-            gc.collect()
             torch._dynamo.reset()
-            torch.cuda.empty_cache() if cuda else None
+            release_memory()
     write_results(rows, args.out, matmul, notes=notes)
     print(args.out.with_suffix(".md").read_text())
     return 0

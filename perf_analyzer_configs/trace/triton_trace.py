@@ -1,6 +1,6 @@
 """Where a burst of requests spends its time inside tritonserver, per ensemble step, from Triton's own
 trace (TIMESTAMPS level). Requests whose starts lie closer than --wave-gap-ms form a wave (e.g. one
-c=64 wave of bench_ar_decode.py); for each wave and step: when its requests were queued, when their
+c=64 wave of the AR decode benchmark); for each wave and step: when its requests were queued, when their
 execute started and ended (a decoupled step's execute ends once it has taken the request in), in ms
 from the wave's first request, min / p50 / max. For a step that runs several times per request (a
 detokenizer after each streamed response) only its first run per request counts: the first token.
@@ -8,11 +8,11 @@ Then each step's executes in order, as requests x [start-end] ms: requests that 
 (Triton's dynamic batcher) share its start. That is what shows a step taking a burst in batches that
 grow while it works, or one request at a time.
 
-    python perf_analyzer_configs/bench_ar_decode.py --models qwen3-0.6b --modes server --concurrency 64 64 \\
+    python -m perf_analyzer_configs.benchmarks.bench_ar_decode --models qwen3-0.6b --modes server --concurrency 64 64 \\
         --server-model qwen3_chat_ensemble --server-arg=--trace-config=triton,file=/tmp/trace.json \\
         --server-arg=--trace-config=triton,log-frequency=200 --server-arg=--trace-config=rate=1 \\
         --server-arg=--trace-config=level=TIMESTAMPS
-    python perf_analyzer_configs/triton_trace.py /tmp/trace.json.*
+    python -m perf_analyzer_configs.trace.triton_trace /tmp/trace.json.*
 
 With log-frequency=0 Triton writes the trace only when it exits, which a server stopped by the
 benchmark may not reach (it wrote no file in one GPU run); 200 writes numbered files as it goes.

@@ -2,20 +2,17 @@
 through the model's front, the path users take), and Hugging Face transformers `generate` with a
 static cache, on real-size shapes with random bf16 weights, in one run on one GPU.
 
-    python perf_analyzer_configs/bench_ar_decode.py                  # on the GPU machine
-    python perf_analyzer_configs/bench_ar_decode.py --smoke          # tiny shape on the CPU (checks the script)
+    python -m perf_analyzer_configs.benchmarks.bench_ar_decode           # on the GPU machine
+    python -m perf_analyzer_configs.benchmarks.bench_ar_decode --smoke   # tiny shape on the CPU (checks the script)
 
 Fixed prompt length (512) and output length (256, EOS ignored), greedy. Writes
-perf_analyzer_configs/results/ar_decode.json (raw numbers, command, GPU, versions) and ar_decode.md.
+perf_analyzer_configs/results/ar_decode.json (raw numbers, command, GPU, versions) and its pages.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -23,65 +20,16 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
+from perf_analyzer_configs import results
+from perf_analyzer_configs.benchmarks.ar_checkpoints import SHAPES, prompts, random_text, write_checkpoint
+from perf_analyzer_configs.benchmarks.common import device_name, percentile, release_memory, start_server, versions
 
-from perf_analyzer_configs.merge import merge_parts  # noqa: E402
-
-QWEN3_COMMON = dict(model_type="qwen3", vocab_size=151936, head_dim=128, max_position_embeddings=40960,
-                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
-                    bos_token_id=151643, eos_token_id=151645)
-QWEN3_5_COMMON = dict(model_type="qwen3_5_text", vocab_size=248320, head_dim=256, max_position_embeddings=262144,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
-                                       "mrope_section": [11, 11, 10], "mrope_interleaved": True},
-                      rms_norm_eps=1e-6, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
-                      bos_token_id=248043, eos_token_id=248044)
-SHAPES = {   # the released config.json files (Qwen3.5: the text_config of the multimodal checkpoints)
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, tie_word_embeddings=True, **QWEN3_COMMON),
-    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, tie_word_embeddings=False, **QWEN3_COMMON),
-    "qwen3.5-0.8b": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
-                         num_key_value_heads=2, linear_num_key_heads=16, linear_num_value_heads=16,
-                         tie_word_embeddings=True, **QWEN3_5_COMMON),
-    "qwen3.5-9b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=16,
-                       num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=32,
-                       tie_word_embeddings=False, **QWEN3_5_COMMON),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, **{**QWEN3_COMMON, "vocab_size": 2048, "head_dim": 16,
-                                           "bos_token_id": 2040, "eos_token_id": 2042}, tie_word_embeddings=True),
-    "tiny3.5": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                    num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4, tie_word_embeddings=True,
-                    **{**QWEN3_5_COMMON, "vocab_size": 2048, "head_dim": 32, "linear_key_head_dim": 16,
-                       "linear_value_head_dim": 16, "bos_token_id": 2040, "eos_token_id": 2042}),
-}
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-
-
-def write_checkpoint(name: str, root: Path) -> Path:
-    """config.json (real shape) + a tokenizer of the real vocabulary size; no weights (dummy load)."""
-    from transformers import Qwen3_5TextConfig, Qwen3Config
-
-    from triton_omni.converters.tiny import synthetic_tokenizer
-
-    folder = root / name
-    if (folder / "config.json").exists():
-        return folder
-    shape = dict(SHAPES[name])
-    config_cls = {"qwen3": Qwen3Config, "qwen3_5_text": Qwen3_5TextConfig}[shape.pop("model_type")]
-    config_cls(**shape).save_pretrained(str(folder))
-    shape = SHAPES[name]
-    bos = shape["bos_token_id"]
-    synthetic_tokenizer(folder, shape["vocab_size"], {s: bos + i for i, s in enumerate(SPECIALS)})
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [shape["eos_token_id"]]}))
-    return folder
-
-
-def percentile(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+RESULTS = results.RESULTS / "ar_decode.json"
+# the modes the default settings make (--server-model qwen3_chat, --client stream, --hf-cache static);
+# other labels are variants, or defaults of their day relabelled when the defaults changed
+CURRENT_MODES = ("ours in-process", "ours via tritonserver", "transformers generate (static cache)")
 
 
 def summarize(kind, name, c, wall, per_request, output_len):
@@ -96,7 +44,7 @@ def summarize(kind, name, c, wall, per_request, output_len):
 def mark_wave(mode, c, t0_unix, wall, per, sent_s=0.0):
     """With TRITON_OMNI_ENGINE_TRACE=FILE set (the engine's step trace), each wave's start, the time
     the client took to send (or add) its requests and their TTFTs go to FILE.waves, for
-    perf_analyzer_configs/engine_trace.py to line them up."""
+    perf_analyzer_configs.trace.engine_trace to line them up."""
     from triton_omni.ar.engine import TRACE_ENV
 
     path = os.environ.get(TRACE_ENV)
@@ -104,11 +52,6 @@ def mark_wave(mode, c, t0_unix, wall, per, sent_s=0.0):
         with open(path + ".waves", "a") as f:
             f.write(json.dumps({"mode": mode, "concurrency": c, "t0": t0_unix, "wall_s": wall, "sent_ms": 1e3 * sent_s,
                                 "ttft_ms": sorted(1e3 * r["ttft"] for r in per)}) + "\n")
-
-
-def prompts(c, prompt_len, vocab, seed=0):
-    rng = random.Random(seed)
-    return [[rng.randrange(256, vocab - 1000) for _ in range(prompt_len)] for _ in range(c)]
 
 
 def ar_overrides(args) -> list[tuple[str, object]]:
@@ -218,31 +161,17 @@ def profile_steps(engine, sp, args, c: int, path: Path) -> None:
 
 
 # --- our engine behind tritonserver --------------------------------------------------------------
-def start_server(name, folder, args, target):
+def serve(folder, args, target):
     """tritonserver with qwen3_chat on the benchmark's shape (dummy weights); returns (server, setup s)."""
-    from triton_omni.converters.__main__ import load_configs
-    from triton_omni.converters.generate import write_repository
-    from triton_omni.launcher.triton import TritonServer
-
     c_max = max(args.concurrency)
     overrides = [f"qwen3_chat.ar.{k}={v}" for k, v in {
         "load_format": "dummy", "max_num_seqs": c_max, "dtype": args.dtype, "enforce_eager": str(args.eager).lower(),
         "max_num_batched_tokens": c_max * args.prompt_len}.items()]
     overrides.append(f"qwen3_chat.max_model_len={args.prompt_len + args.output_len + 16}")
-    overrides += args.set or []
-    repo = Path(args.workdir) / "model_repository"
-    write_repository(load_configs(["qwen3_chat"], [f"qwen3_chat={folder}"], overrides), repo, target)
-    # one log per server start: a later run in the same workdir must not overwrite a failed one's
-    log = Path(args.workdir) / f"tritonserver-{name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    print(f"tritonserver log: {log}", flush=True)
     t = time.monotonic()
-    server = TritonServer(repo, models=["qwen3_chat"], log_path=log,
-                          extra_args=list(getattr(args, "server_arg", None) or [])).start(timeout=900)
+    server = start_server("qwen3_chat", folder, overrides + (args.set or []), Path(args.workdir), target,
+                          getattr(args, "server_arg", None) or [], timeout=900)
     return server, time.monotonic() - t
-
-
-def random_text(rng, n):
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n))
 
 
 def bench_server(name, folder, args, target):
@@ -256,7 +185,7 @@ def bench_server(name, folder, args, target):
     from triton_omni.client.tensors import make_inputs
     from triton_omni.client.triton import host_port, is_final_response
 
-    server, setup_s = start_server(name, folder, args, target)
+    server, setup_s = serve(folder, args, target)
     rng = random.Random(0)
     sampling = {"max_tokens": args.output_len, "temperature": 0.0, "ignore_eos": True}
 
@@ -353,9 +282,9 @@ def bench_server_perf_analyzer(name, folder, args, target):
     between the front here and `bench_server` is our Python client's. perf_analyzer counts responses
     (one a token); it reports a request's whole latency, so TPOT here is latency / output tokens
     (TTFT included) and TTFT is not measured."""
-    from perf_analyzer_configs import perf_analyzer
+    from perf_analyzer_configs.runner import perf_analyzer
 
-    server, setup_s = start_server(name, folder, args, target)
+    server, setup_s = serve(folder, args, target)
     rng = random.Random(0)
     sampling = json.dumps({"max_tokens": args.output_len, "temperature": 0.0, "ignore_eos": True})
     vocab = SHAPES[name]["vocab_size"]
@@ -483,54 +412,50 @@ def decode_bytes_per_step(folder: Path, context: float, dtype_bytes: int = 2) ->
     return total
 
 
-def write_results(rows, args, bandwidth, path_json: Path, gpu=None, versions=None, date=None):
-    if versions is None:
-        versions = {"torch": torch.__version__, "python": platform.python_version()}
-        for mod in ("transformers", "triton"):
-            try:
-                versions[mod] = __import__(mod).__version__
-            except ImportError:
-                pass
-    gpu = gpu or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu")
-    command = "python " + " ".join(sys.argv)
+def roofline(models, args) -> dict:
+    """Per model: the bytes of a batch-1 decode step at the mean context, and that over the copy bandwidth."""
+    out = {}
+    for name in models:
+        step_bytes = decode_bytes_per_step(write_checkpoint(name, Path(args.workdir) / "checkpoints"),
+                                           args.prompt_len + args.output_len / 2)
+        ideal = step_bytes / args.bandwidth if args.bandwidth == args.bandwidth else None
+        out[name] = {"bytes_per_step_c1": step_bytes, "ideal_tpot_ms_c1": ideal and 1e3 * ideal}
+    return out
+
+
+def write_results(rows, args, path: Path, gpu=None, run_versions=None, date=None, notes=()):
+    lines = roofline(sorted({r["model"] for r in rows}), args)
     for r in rows:
-        r.setdefault("command", command)
-    roofline = {}
-    for name in sorted({r["model"] for r in rows}):
-        avg_context = args.prompt_len + args.output_len / 2
-        step_bytes = decode_bytes_per_step(write_checkpoint(name, Path(args.workdir) / "checkpoints"), avg_context)
-        ideal = step_bytes / bandwidth if bandwidth == bandwidth else None
-        roofline[name] = {"bytes_per_step_c1": step_bytes, "ideal_tpot_ms_c1": ideal and 1e3 * ideal}
-        for r in rows:
-            if r["model"] == name and r["concurrency"] == 1 and ideal:
-                r["roofline_share_c1"] = 1e3 * ideal / r["tpot_ms_p50"]
-    commands = list(dict.fromkeys(r["command"] for r in rows))
-    data = {"commands": commands, "date": date or datetime.datetime.now().isoformat(timespec="seconds"),
-            "gpu": gpu, "versions": versions, "copy_bandwidth_GBps": bandwidth / 1e9,
-            "prompt_len": args.prompt_len, "output_len": args.output_len, "dtype": args.dtype,
-            "roofline": roofline, "results": rows}
-    data["notes"] = list(getattr(args, "note", None) or [])
-    path_json.parent.mkdir(parents=True, exist_ok=True)
-    path_json.write_text(json.dumps(data, indent=2))
-    lines = [f"# AR decode benchmark ({gpu})", "",
-             f"{data['date']}; torch {versions['torch']}, transformers {versions.get('transformers')}, "
-             f"triton {versions.get('triton')}. Made by (each row names its command in the JSON):", ""]
-    lines += [f"    {c}" for c in commands]
-    lines += ["",
-             f"Prompt {args.prompt_len} tokens, {args.output_len} output tokens (EOS ignored), greedy, {args.dtype}, "
-             f"random weights. Copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write).", "",
-             "| model | mode | concurrency | tokens/s | TPOT p50 ms | TTFT p50 ms | roofline share (c=1) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        share = f"{100 * r['roofline_share_c1']:.0f}%" if "roofline_share_c1" in r else ""
-        ttft = f"{r['ttft_ms_p50']:.1f}" if "ttft_ms_p50" in r else "n/a"
-        lines.append(f"| {r['model']} | {r['mode']} | {r['concurrency']} | {r['tokens_per_s']:.0f} | "
-                     f"{r['tpot_ms_p50']:.2f} | {ttft} | {share} |")
-    lines += ["", "Roofline: (weight bytes + KV bytes at the mean context) per step / measured copy bandwidth: "
-              + ", ".join(f"{k} {v['ideal_tpot_ms_c1']:.2f} ms" for k, v in roofline.items() if v["ideal_tpot_ms_c1"])]
-    if data["notes"]:
-        lines += ["", "Notes:", ""] + [f"- {n}" for n in data["notes"]]
-    path_json.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        ideal = lines[r["model"]]["ideal_tpot_ms_c1"]
+        if r["concurrency"] == 1 and ideal:
+            r["roofline_share_c1"] = ideal / r["tpot_ms_p50"]
+    meta = {"gpu": gpu or device_name(), "versions": run_versions or versions("transformers", "triton"),
+            "copy_bandwidth_GBps": args.bandwidth / 1e9, "prompt_len": args.prompt_len,
+            "output_len": args.output_len, "dtype": args.dtype, "roofline": lines}
+    results.write(path, PAGE, rows, meta, notes, date)
+
+
+def intro(data) -> list[str]:
+    return [f"Prompt {data['prompt_len']} tokens, {data['output_len']} output tokens (EOS ignored), greedy, "
+            f"{data['dtype']}, random weights. Copy bandwidth {data['copy_bandwidth_GBps']:.0f} GB/s (read + write)."]
+
+
+def roofline_line(rows, data) -> list[str]:
+    ideal = [f"{k} {v['ideal_tpot_ms_c1']:.2f} ms" for k, v in data["roofline"].items() if v["ideal_tpot_ms_c1"]]
+    return ["Roofline: (weight bytes + KV bytes at the mean context) per step / measured copy bandwidth: "
+            + ", ".join(ideal)] if ideal else []
+
+
+PAGE = results.Page(
+    title="AR decode benchmark", module="perf_analyzer_configs.benchmarks.bench_ar_decode", intro=intro, after=roofline_line,
+    columns=[results.column("model", "model", numeric=False), results.column("mode", "mode", numeric=False),
+             results.column("concurrency", "concurrency"), results.column("tokens/s", "tokens_per_s", ".0f"),
+             results.column("TPOT p50 ms", "tpot_ms_p50", ".2f"),
+             results.Column("TTFT p50 ms", lambda r: f"{r['ttft_ms_p50']:.1f}" if "ttft_ms_p50" in r else "n/a"),
+             results.Column("roofline share (c=1)",
+                            lambda r: f"{100 * r['roofline_share_c1']:.0f}%" if "roofline_share_c1" in r else "")],
+    current=lambda r: r["mode"] in CURRENT_MODES,
+    order=lambda r: (list(SHAPES).index(r["model"]), CURRENT_MODES.index(r["mode"]), r["concurrency"]))
 
 
 def main() -> int:
@@ -558,17 +483,17 @@ def main() -> int:
     ap.add_argument("--eager", action="store_true", help="our engine without CUDA graphs")
     ap.add_argument("--profile", action="store_true", help="write kernel profiles of decoding, and of prefill to the first token, at c=1 and the largest c")
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench")
-    ap.add_argument("--out", type=Path, default=ROOT / "perf_analyzer_configs" / "results" / "ar_decode.json")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU, to check the script")
     ap.add_argument("--merge", nargs="+", type=Path, help="combine the results of separate runs into --out")
-    ap.add_argument("--note", action="append", help="a note for the results table (with --merge)")
+    ap.add_argument("--note", action="append", default=[], help="a note for the results")
     args = ap.parse_args()
     if args.merge:
-        parts, rows, args.note = merge_parts(args.merge, ("model", "mode", "concurrency"), args.note)
+        parts, rows, notes = results.merge_parts(args.merge, ("model", "mode", "concurrency"), args.note)
         first = parts[0]
         args.prompt_len, args.output_len, args.dtype = first["prompt_len"], first["output_len"], first["dtype"]
-        write_results(rows, args, first["copy_bandwidth_GBps"] * 1e9, args.out, first["gpu"], first["versions"],
-                      max(p["date"] for p in parts))
+        args.bandwidth = first["copy_bandwidth_GBps"] * 1e9
+        write_results(rows, args, args.out, first["gpu"], first["versions"], max(p["date"] for p in parts), notes)
         print(args.out.with_suffix(".md").read_text())
         return 0
     if args.smoke:
@@ -577,7 +502,7 @@ def main() -> int:
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     target = "gpu" if device != "cpu" else "cpu"
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    bandwidth = copy_bandwidth(device)
+    args.bandwidth = copy_bandwidth(device)
     rows = []
     for name in args.models:
         folder = write_checkpoint(name, Path(args.workdir) / "checkpoints")
@@ -590,9 +515,8 @@ def main() -> int:
                 rows += bench_server_perf_analyzer(name, folder, args, target)
             else:
                 rows += bench_hf(name, folder, args, device)
-            gc.collect()                                        # the mode's model and caches are gone
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
-            write_results(rows, args, bandwidth, args.out)     # after every part: a timeout keeps what ran
+            release_memory()
+            write_results(rows, args, args.out, notes=args.note)   # after every part: a timeout keeps what ran
     print(args.out.with_suffix(".md").read_text())
     return 0
 

@@ -1,8 +1,8 @@
 """Summarise the AR engine's step trace, wave by wave: when the requests reached the engine, the
 prefill steps that took them in, and the decode steps until the wave ended.
 
-    TRITON_OMNI_ENGINE_TRACE=/tmp/trace.jsonl python perf_analyzer_configs/bench_ar_decode.py ...
-    python perf_analyzer_configs/engine_trace.py /tmp/trace.jsonl [--concurrency 64]
+    TRITON_OMNI_ENGINE_TRACE=/tmp/trace.jsonl python -m perf_analyzer_configs.benchmarks.bench_ar_decode ...
+    python -m perf_analyzer_configs.trace.engine_trace /tmp/trace.jsonl [--concurrency 64]
 
 The bench writes each wave's start and TTFTs to FILE.waves (its clock is the engine's: one machine).
 Times are ms from the wave's first send (server) or first add (in-process).

@@ -1,11 +1,11 @@
 """Kernels of one Gated DeltaNet layer's prefill (Qwen3.5's linear attention), counted on the CPU.
 
 Qwen3.5 prefills eagerly (no prefill graphs for linear-attention layers yet), so on a GPU its time to
-first token is bounded by launches; perf_analyzer_configs/op_count.py tells kernels, host ops and host
+first token is bounded by launches; perf_analyzer_configs/probes/op_count.py tells kernels, host ops and host
 syncs apart.
 
-    python perf_analyzer_configs/delta_rule_ops.py                      # one 512-token prompt
-    python perf_analyzer_configs/delta_rule_ops.py --lens 512 300 100 77 --shape qwen3.5-9b
+    python -m perf_analyzer_configs.probes.delta_rule_ops              # one 512-token prompt
+    python -m perf_analyzer_configs.probes.delta_rule_ops --lens 512 300 100 77 --shape qwen3.5-9b
 
 The layer has the shape's widths and random weights; the input is its fused projection's output. It
 runs as every layer after a forward's first: what a forward derives once for all its layers
@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
     from transformers import Qwen3_5TextConfig
 
-    from perf_analyzer_configs.bench_ar_decode import SHAPES
-    from perf_analyzer_configs.op_count import count
+    from perf_analyzer_configs.benchmarks.ar_checkpoints import SHAPES
+    from perf_analyzer_configs.probes.op_count import count
     from triton_omni.models.context import ForwardContext
     from triton_omni.models.qwen3_5 import Qwen3_5GatedDeltaNet
 

@@ -4,10 +4,10 @@ python_backends/tts/qwen3_tts_codec_stream.py) for the chunk shapes the server m
 one call, padded to powers of two as on a GPU) x frames (the first chunk's 3, later chunks' 12), eager
 (a Python walk over ~1,300 kernels) and replayed as one CUDA graph per shape.
 
-    python perf_analyzer_configs/bench_qwen3_tts_codec.py --busy --rows 1 16     # on the GPU
+    python -m perf_analyzer_configs.benchmarks.bench_qwen3_tts_codec --busy --rows 1 16     # on the GPU
 
-Prints one JSON line per shape and mode; --out (results/tts_codec_calls.json) gets them all with the
-command, GPU and versions.
+Prints one JSON line per shape and mode; --out (results/tts_codec_calls.json and its page) gets them all
+with the command, GPU and versions.
 --busy also times them while another process keeps the GPU busy as the talker does when served (a CUDA
 graph of small matmuls replayed back to back, each replay followed by a small host copy): Triton runs
 each step in its own process, and the GPU time-slices between processes.
@@ -15,22 +15,19 @@ each step in its own process, and the GPU time-slices between processes.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from perf_analyzer_configs.bench_tts import write_qwen3_tts  # noqa: E402
-from triton_omni.tts.qwen3_tts_codec import load_codec  # noqa: E402
-from triton_omni.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder  # noqa: E402
-
+from perf_analyzer_configs import results
+from perf_analyzer_configs.benchmarks.common import device_name, versions
+from perf_analyzer_configs.benchmarks.tts_checkpoints import write_qwen3_tts
+from triton_omni.tts.qwen3_tts_codec import load_codec
+from triton_omni.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
 
 BUSY = """
 import sys, torch
@@ -70,6 +67,23 @@ def time_calls(pool: StatePool, rows: int, frames: int, calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e3
 
 
+def intro(data) -> list[str]:
+    syncs = data["tiny_sync_ms_by_busy_neighbour"]
+    return [f"The release decoder's size, random float32 weights. Capturing every shape's graph took "
+            f"{data['capture_s']} s. One small kernel and a sync: {syncs.get('False')} ms alone"
+            + (f", {syncs['True']} ms beside the busy neighbour." if "True" in syncs else ".")]
+
+
+PAGE = results.Page(
+    title="Qwen3-TTS codec decoder calls", module="perf_analyzer_configs.benchmarks.bench_qwen3_tts_codec",
+    intro=intro,
+    columns=[results.column("rows", "rows"), results.column("frames", "frames"),
+             results.column("audio s per call", "audio_s_per_call", ".2f"),
+             results.Column("busy neighbour", lambda r: "yes" if r["busy_neighbour"] else "no", numeric=False),
+             results.column("eager ms", "eager_ms", ".2f"), results.column("graphs ms", "graphs_ms", ".2f"),
+             results.Column("speedup", lambda r: f"{r['speedup']:.2f}x")])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
@@ -77,7 +91,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench-tts")
     ap.add_argument("--busy", action="store_true", help="also time the calls beside a GPU-busy process")
-    ap.add_argument("--out", default=str(ROOT / "perf_analyzer_configs" / "results" / "tts_codec_calls.json"))
+    ap.add_argument("--out", type=Path, default=results.RESULTS / "tts_codec_calls.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
@@ -116,12 +130,8 @@ def main() -> int:
             if neighbour:
                 neighbour.kill()
                 neighbour.wait()
-    if args.out:
-        Path(args.out).write_text(json.dumps({
-            "command": "python perf_analyzer_configs/bench_qwen3_tts_codec.py " + " ".join(sys.argv[1:]),
-            "gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "torch": torch.__version__, "capture_s": round(capture_s, 2),
-            "tiny_sync_ms_by_busy_neighbour": syncs, "rows": rows}, indent=1))
+    results.write(args.out, PAGE, rows, {"gpu": device_name(), "versions": versions(), "capture_s": round(capture_s, 2),
+                                         "tiny_sync_ms_by_busy_neighbour": syncs})
     return 0
 
 

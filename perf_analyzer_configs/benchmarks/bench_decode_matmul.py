@@ -3,25 +3,24 @@ plus the RMSNorm kernel before q/k/v and gate/up) against the skinny Triton kern
 on the GPU (kernels/triton_ops.skinny_linear, skinny_norm_linear), on the Qwen3-0.6B and Qwen3-8B
 shapes, bfloat16, one input row.
 
-    python perf_analyzer_configs/bench_decode_matmul.py            # on the GPU
+    python -m perf_analyzer_configs.benchmarks.bench_decode_matmul     # on the GPU
 
 Each shape's weights are rotated past the L2 (>= 200 MB of copies, as 28-36 layers are in a real step)
 and every variant is replayed from a CUDA graph, so the times are what a captured decode step sees.
-Prints a table; --out (results/decode_matmul.json and .md) gets it with the command, GPU and versions.
+Prints a table; --out (results/decode_matmul.json and its page) gets it with the command, GPU and versions.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from perf_analyzer_configs import results
+from perf_analyzer_configs.benchmarks.common import device_name, versions
 
 # name -> (out features N, in features K, what runs before it in the layer)
 SHAPES = {
@@ -87,39 +86,34 @@ def bench_shape(N: int, K: int, before: str | None) -> dict:
             "speedup": t_cublas / t_ours, "skinny_GBps": N * K * 2 / t_ours / 1e3, "max_abs_diff": max_diff}
 
 
+PAGE = results.Page(
+    title="Batch-1 decode matmuls", module="perf_analyzer_configs.benchmarks.bench_decode_matmul",
+    intro=lambda data: [
+        "bfloat16, one input row, weights rotated past the L2, each variant replayed from a CUDA graph. cuBLAS "
+        "includes the kernel before the matmul that the skinny kernel folds in (before: norm = residual add + "
+        "RMSNorm, silu = silu(gate) * up)."],
+    columns=[results.column("model", "model", numeric=False), results.column("matmul", "matmul", numeric=False),
+             results.Column("N x K", lambda r: f"{r['N']} x {r['K']}", numeric=False),
+             results.column("before", "before", numeric=False), results.column("cuBLAS us", "cublas_us", ".2f"),
+             results.column("skinny us", "skinny_us", ".2f"),
+             results.Column("speedup", lambda r: f"{r['speedup']:.2f}x"),
+             results.column("skinny GB/s", "skinny_GBps", ".0f")])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=ROOT / "perf_analyzer_configs" / "results" / "decode_matmul.json")
+    ap.add_argument("--out", type=Path, default=results.RESULTS / "decode_matmul.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
-
     rows = []
     for model, shapes in SHAPES.items():
         for name, (N, K, before) in shapes.items():
             rows.append({"model": model, "matmul": name, **bench_shape(N, K, before)})
             print(json.dumps(rows[-1]), flush=True)
-    command = "python perf_analyzer_configs/bench_decode_matmul.py" + (
-        f" --out {args.out}" if "--out" in sys.argv else "")
-    data = {"command": command, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(), "versions": {"torch": torch.__version__, "triton": triton.__version__},
-            "results": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=2))
-    lines = [f"# Batch-1 decode matmuls ({data['gpu']})", "", f"{data['date']}; torch {torch.__version__}, "
-             f"triton {triton.__version__}. Made by:", "", f"    {command}", "",
-             "bfloat16, one input row, weights rotated past the L2, each variant replayed from a CUDA graph. "
-             "cuBLAS includes the kernel before the matmul that the skinny kernel folds in (before: norm = "
-             "residual add + RMSNorm, silu = silu(gate) * up).", "",
-             "| model | matmul | N x K | before | cuBLAS us | skinny us | speedup | skinny GB/s |",
-             "|---|---|---|---|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['matmul']} | {r['N']} x {r['K']} | {r['before']} | {r['cublas_us']:.2f} | "
-                     f"{r['skinny_us']:.2f} | {r['speedup']:.2f}x | {r['skinny_GBps']:.0f} |")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    results.write(args.out, PAGE, rows, {"gpu": device_name(), "versions": versions("triton")})
+    print(args.out.with_suffix(".md").read_text())
     return 0
 
 

@@ -1,9 +1,9 @@
 """perf_analyzer against every served model, into one Markdown + JSON table.
 
-    python perf_analyzer_configs/run.py                           # all models, tiny checkpoints, a CPU
-                                                                  # tritonserver started (and stopped) here
-    python perf_analyzer_configs/run.py --url localhost:8001 --models qwen3_chat --concurrency 1 8 32
-    python perf_analyzer_configs/run.py --write-inputs            # refresh perf_analyzer_configs/inputs/
+    python -m perf_analyzer_configs.runner.run              # all models, tiny checkpoints, a CPU
+                                                            # tritonserver started (and stopped) here
+    python -m perf_analyzer_configs.runner.run --url localhost:8001 --models qwen3_chat --concurrency 1 8 32
+    python -m perf_analyzer_configs.runner.run --write-inputs      # refresh perf_analyzer_configs/runner/inputs/
 
 Each model is measured through the name clients call (a streaming model's front, with --streaming)
 with its input-data JSON: `inputs/<model>.json` when there is one, else built for its OpenAI route
@@ -21,11 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+from perf_analyzer_configs.results import RESULTS
+from perf_analyzer_configs.runner import inputs, perf_analyzer
 
-from perf_analyzer_configs import inputs, perf_analyzer  # noqa: E402
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 
 
 def served_models(names: list[str] | None) -> dict[str, str]:
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input", action="append", default=[], metavar="NAME=VALUE",
                     help="set an input in every request, e.g. size=512x512")
     ap.add_argument("--inputs-dir", type=Path, default=HERE / "inputs")
-    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--write-inputs", action="store_true", help="write inputs/<model>.json for the models and stop")
     args = ap.parse_args(argv)
 

@@ -1,13 +1,13 @@
 """Kokoro on the CPU, counted as a GPU would see it: kernels (aten ops that are not views) and host
 syncs per utterance, ours (`Kokoro.synthesize`, and the synth step around it) vs the `kokoro`
-package's `KModel` forward, on the released shapes with random weights (bench_tts.py's checkpoint and
+package's `KModel` forward, on the released shapes with random weights (the speech benchmark's checkpoint and
 phonemes, written to a temporary folder). The model is small, so on a GPU it is launch-bound: these
 counts, not FLOPs, decide its speed.
 
-    python perf_analyzer_configs/kokoro_ops.py            # counts, top ops, where syncs happen, CPU time
-    python perf_analyzer_configs/kokoro_ops.py --shapes tiny
+    python -m perf_analyzer_configs.probes.kokoro_ops     # counts, top ops, where syncs happen, CPU time
+    python -m perf_analyzer_configs.probes.kokoro_ops --shapes tiny
 
-How kernels, host ops and host syncs are told apart: perf_analyzer_configs/op_count.py.
+How kernels, host ops and host syncs are told apart: perf_analyzer_configs/probes/op_count.py.
 Code that branches on where a tensor is hides its GPU-only syncs here: the package's LSTMs call
 `lengths.to("cpu")` (a read) and its packing copies the sort back to the device, four times each on a
 GPU, which this count cannot see on the CPU. An LSTM counts as one op here (the CPU fuses it); on a
@@ -25,10 +25,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from perf_analyzer_configs.op_count import count  # noqa: E402
+from perf_analyzer_configs.probes.op_count import count
 
 
 def kmodel(folder: Path):
@@ -54,7 +51,7 @@ def main():
 
     import numpy as np
 
-    from perf_analyzer_configs.bench_tts import PHONEMES, write_kokoro
+    from perf_analyzer_configs.benchmarks.tts_checkpoints import PHONEMES, write_kokoro
     from triton_omni.runtime.step import Request, StepContext
     from triton_omni.tts.kokoro import load_voice, voice_style
     from triton_omni.tts.kokoro_steps import KokoroSynth, KokoroSynthParams

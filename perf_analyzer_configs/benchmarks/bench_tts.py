@@ -2,9 +2,9 @@
 second of our TTS ensembles behind tritonserver (gRPC streaming), of their steps called in-process, and
 of the reference code (baseline), on the released shapes with random weights, in one run on one GPU.
 
-    python perf_analyzer_configs/bench_tts.py                                    # on the GPU machine
-    python perf_analyzer_configs/bench_tts.py --smoke --out /tmp/tts_smoke.json  # tiny shapes, CPU check
-    python perf_analyzer_configs/bench_tts.py --models kokoro_tts --out r2.json  # a part; then --merge r1.json r2.json
+    python -m perf_analyzer_configs.benchmarks.bench_tts                         # on the GPU machine
+    python -m perf_analyzer_configs.benchmarks.bench_tts --smoke --out /tmp/tts_smoke.json   # tiny shapes, CPU check
+    python -m perf_analyzer_configs.benchmarks.bench_tts --models kokoro_tts --out r2.json   # a part; then --merge r1.json r2.json
 
 orpheus_tts  canopylabs/orpheus-3b-0.1-ft (Llama-3.2-3B talker) + hubertsiuzdak/snac_24khz. baseline: transformers
              LlamaForCausalLM.generate (static cache, a batch of c) + `snac` SNAC.decode of those tokens.
@@ -12,7 +12,7 @@ kokoro_tts   hexgrad/Kokoro-82M. baseline: the `kokoro` package's KModel forward
 qwen3_tts    Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice (28-layer talker + 5-layer code predictor, 16 codebooks at
              12.5 Hz) + its speech tokenizer's decoder. baseline: the `qwen-tts` package's generate_custom_voice
              (c texts in one call) in its own environment (--package-python; transformers 4.57.3), driven
-             through perf_analyzer_configs/bench_tts_qwen3_package.py.
+             through perf_analyzer_configs/benchmarks/bench_tts_qwen3_package.py.
 inprocess: the ensemble's steps built from ensemble_configs/<model>.yaml with the server's parameters, fed
 as Triton batches them. Modes run in the order server, inprocess, baseline: the server's processes free
 the GPU when they stop; what in-process leaves fits in the 15% gpu_memory_utilization keeps free.
@@ -39,11 +39,7 @@ bench_tts_qwen3_package.py); e.g. `pip install --no-deps --target DIR <those whe
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
-import importlib.metadata
 import json
-import platform
 import queue
 import statistics
 import sys
@@ -51,198 +47,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+from perf_analyzer_configs import results
+from perf_analyzer_configs.benchmarks.common import (ROOT, device_name, percentile, release_memory, start_server,
+                                                     versions)
+from perf_analyzer_configs.benchmarks.tts_checkpoints import (PHONEMES, SHAPES, TEXT, write_kokoro, write_orpheus,
+                                                              write_qwen3_tts)
+from triton_omni.runtime.step import Request, ResponseSink, string_array
 
-from triton_omni.converters.tiny_tts import KOKORO_TINY_CONFIG, KOKORO_VOCAB, SNAC_TINY_CONFIG, snac_24khz  # noqa: E402
-from perf_analyzer_configs.bench_ar_decode import percentile  # noqa: E402
-from perf_analyzer_configs.merge import merge_parts  # noqa: E402
-from triton_omni.runtime.step import Request, ResponseSink, string_array  # noqa: E402
-
-TEXT = ("The quick brown fox jumps over the lazy dog near the river, while seven small birds sing "
-        "their morning songs in the old oak tree.")
-# TEXT through python_backends/tts/kokoro_text.Phonemizer (espeak-ng 1.51, voice af_heart: en-us)
-PHONEMES = ("ðə kwˈɪk bɹˈWn fˈɑks ʤˈʌmps ˌOvəɹ ðə lˈAzi dˈɑɡ nˌɪɹ ðə ɹˈɪvəɹ, wˌIl sˈɛvən smˈɔl bˈɜɹdz "
-            "sˈɪŋ ðɛɹ mˈɔɹnɪŋ sˈɔŋz ɪnðɪ ˈOld ˈOk tɹˈi.")
-AUDIO_CUSTOM = 10 + 7 * 4096 + 2            # Orpheus' <custom_token_N> after the text vocabulary
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-SHAPES = {"real": {
-    # canopylabs/orpheus-3b-0.1-ft config.json (Llama-3.2-3B-Instruct + 28684 audio/control tokens)
-    "orpheus": dict(text_vocab=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                    num_attention_heads=24, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
-                    rms_norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE),
-    # hubertsiuzdak/snac_24khz config.json (19.8M parameters)
-    "snac": {"sampling_rate": 24000, "encoder_dim": 48, "encoder_rates": [2, 4, 8, 8], "decoder_dim": 1024,
-             "decoder_rates": [8, 8, 4, 2], "attn_window_size": None, "codebook_size": 4096, "codebook_dim": 8,
-             "vq_strides": [4, 2, 1], "noise": True, "depthwise": True},
-    # hexgrad/Kokoro-82M config.json (82M parameters; converters/tiny_tts.py shrinks PL-BERT, n_layer,
-    # the resblocks and max_dur)
-    "kokoro": {"istftnet": {"upsample_kernel_sizes": [20, 12], "upsample_rates": [10, 6], "gen_istft_hop_size": 5,
-                            "gen_istft_n_fft": 20, "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5], [1, 3, 5]],
-                            "resblock_kernel_sizes": [3, 7, 11], "upsample_initial_channel": 512},
-               "dim_in": 64, "dropout": 0.2, "hidden_dim": 512, "max_conv_dim": 512, "max_dur": 50,
-               "multispeaker": True, "n_layer": 3, "n_mels": 80, "n_token": 178, "style_dim": 128,
-               "text_encoder_kernel_size": 5, "vocab": KOKORO_VOCAB,
-               "plbert": {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 2048,
-                          "max_position_embeddings": 512, "num_hidden_layers": 12, "dropout": 0.1}},
-}, "tiny": {
-    "orpheus": dict(text_vocab=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, rms_norm_eps=1e-5,
-                    tie_word_embeddings=True,
-                    rope_parameters={**LLAMA3_ROPE, "original_max_position_embeddings": 1024}),
-    "snac": SNAC_TINY_CONFIG, "kokoro": KOKORO_TINY_CONFIG}}
-# Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice config.json (talker, code predictor) and Qwen3-TTS-Tokenizer-12Hz's
-# decoder_config; everything else (token ids, speakers, rope sections) as converters/tiny_qwen3_tts.py writes it
-QWEN3_TTS_REAL = {
-    "talker": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                   num_key_value_heads=8, head_dim=128, text_hidden_size=2048, text_vocab_size=151936,
-                   rope_scaling={"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default",
-                                 "type": "default"}),
-    "predictor": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
-                      num_key_value_heads=8, head_dim=128, layer_types=["full_attention"] * 5),
-    "decoder": dict(codebook_dim=512, hidden_size=512, head_dim=64, latent_dim=1024, num_attention_heads=16,
-                    num_key_value_heads=16, sliding_window=72, intermediate_size=1024, num_hidden_layers=8,
-                    decoder_dim=1536, vector_quantization_hidden_dimension=512),
-}
-KOKORO_DURATION_BIAS = -2.94   # 50 sigmoids ~0.06: 3 frames (75 ms) a symbol, 9.9 s for TEXT (~150 words/min)
 MODES = ["server", "inprocess", "baseline"]
-
-
-# --- checkpoints: the release layouts, real shapes, random weights --------------------------------
-def orpheus_tokenizer(folder: Path, text_vocab: int):
-    """Byte-level ids 0-255, Llama-3's specials where the release has them (128000, 128001, 128009
-    for the real vocabulary), fillers up to `text_vocab`, then the <custom_token_N> tokens. One token
-    per byte: TEXT's prompt is 141 tokens (Llama-3's BPE: ~35), a few ms more prefill in every mode."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    from triton_omni.converters.tiny import _byte_alphabet_index
-
-    base = text_vocab - 256
-    specials = {"<|begin_of_text|>": base, "<|end_of_text|>": base + 1, "<|eot_id|>": base + 9}
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet(), key=_byte_alphabet_index))}
-    vocab.update({**specials, **{f"t{i:x}": i for i in range(256, text_vocab) if i not in specials.values()}})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
-    tok.add_special_tokens([AddedToken(f"<custom_token_{i}>", special=True, normalized=False)
-                            for i in range(AUDIO_CUSTOM)])
-    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
-                                                       special_tokens=[("<|begin_of_text|>", base)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
-                                   pad_token="<|end_of_text|>")
-    assert len(fast) == text_vocab + AUDIO_CUSTOM, len(fast)
-    fast.save_pretrained(str(folder))
-    return fast
-
-
-def write_orpheus(root: Path, shapes: str, device: str, dtype) -> tuple[Path, Path]:
-    """canopylabs' layout (LlamaForCausalLM save_pretrained + tokenizer) and hubertsiuzdak/snac_24khz's."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    folder, codec = root / f"{shapes}-orpheus", root / f"{shapes}-snac_24khz"
-    if not (codec / "pytorch_model.bin").exists():
-        codec.mkdir(parents=True, exist_ok=True)
-        snac_24khz(codec, SHAPES[shapes]["snac"], seed=24)
-    if (folder / "generation_config.json").exists():          # written last
-        return folder, codec
-    shape = dict(SHAPES[shapes]["orpheus"])
-    tok = orpheus_tokenizer(folder, shape.pop("text_vocab"))
-    eot = tok.convert_tokens_to_ids("<|eot_id|>")
-    config = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=eot,
-                         pad_token_id=tok.pad_token_id, **shape)
-    torch.manual_seed(0)
-    with torch.device(device):
-        LlamaForCausalLM(config).to(dtype).save_pretrained(str(folder))
-    gc.collect()
-    torch.cuda.empty_cache() if device != "cpu" else None
-    end_of_speech = tok.convert_tokens_to_ids("<custom_token_2>")
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eot, end_of_speech]}))
-    return folder, codec
-
-
-def write_kokoro(root: Path, shapes: str) -> Path:
-    """hexgrad/Kokoro-82M's layout (config.json, kokoro-v1_0.pth, voices/af_heart.pt)."""
-    from triton_omni.tts.kokoro import WEIGHTS_FILE, Kokoro, release_state_dicts
-
-    folder = root / f"{shapes}-kokoro"
-    if (folder / WEIGHTS_FILE).exists():
-        return folder
-    config = SHAPES[shapes]["kokoro"]
-    torch.manual_seed(82)
-    model = Kokoro(config).eval()
-    with torch.no_grad():
-        dur = model.predictor.duration_proj["linear_layer"]
-        dur.weight.mul_(0.5)
-        dur.bias.fill_(KOKORO_DURATION_BIAS)
-        model.predictor.F0_proj.bias.fill_(150.0)          # voiced, as speech mostly is
-    (folder / "voices").mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
-    torch.save(0.3 * torch.randn(510, 1, 256, generator=torch.Generator().manual_seed(82)),
-               folder / "voices" / "af_heart.pt")
-    torch.save(release_state_dicts(model), folder / WEIGHTS_FILE)
-    return folder
-
-
-def write_qwen3_tts(root: Path, shapes: str, device: str, dtype) -> Path:
-    """The release layout (config.json, model.safetensors, tokenizer files, speech_tokenizer/) at the
-    real sizes (or the tiny test checkpoint's). The tokenizer is the tiny byte-level one: its ids are a
-    subset of the 151936-row text embedding, and speed does not depend on which ids a text uses."""
-    from safetensors.torch import save_file
-
-    from triton_omni.converters import tiny_qwen3_tts as tq
-    from triton_omni.tts.qwen3_tts import Qwen3TTS, Qwen3TTSConfig
-    from triton_omni.tts.qwen3_tts_codec import Qwen3TTSCodec
-
-    folder = root / f"{shapes}-qwen3_tts"
-    done = folder / ".complete"
-    if done.exists():
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    if shapes == "tiny":
-        tq.qwen3_tts(folder)
-        done.touch()
-        return folder
-    ids = tq.build_tokenizer(folder)
-    config = tq.model_config(ids, "0b6")
-    config["torch_dtype"] = "bfloat16"
-    config["talker_config"].update(QWEN3_TTS_REAL["talker"])
-    config["talker_config"]["code_predictor_config"].update(QWEN3_TTS_REAL["predictor"])
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Qwen3TTS(Qwen3TTSConfig.from_dict(config))
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() >= 2:                     # norms keep their ones
-                    p.normal_(0.0, 0.02)
-    save_file(tq.checkpoint_state(model.to(dtype)), str(folder / "model.safetensors"), metadata={"format": "pt"})
-    del model
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps(tq.GENERATION, indent=2))
-    # the speech tokenizer: the real decoder (float32, as released), the tiny Mimi encoder (never used here)
-    speech = folder / "speech_tokenizer"
-    speech.mkdir(exist_ok=True)
-    codec_config = tq.codec_config()
-    codec_config["decoder_config"] = {**tq.DECODER_CONFIG, **QWEN3_TTS_REAL["decoder"]}
-    codec = Qwen3TTSCodec(codec_config)
-    tq._randomize_codec(codec, 1212)
-    state = tq.checkpoint_state(codec)
-    g = torch.Generator().manual_seed(1213)
-    dim = codec_config["decoder_config"]["codebook_dim"]
-    for part in ("rvq_first", "rvq_rest"):
-        state[f"decoder.quantizer.{part}.input_proj.weight"] = torch.randn(dim // 2, dim, 1, generator=g) / dim ** 0.5
-    state.update(tq.mimi_encoder_state(1214))
-    save_file(state, str(speech / "model.safetensors"), metadata={"format": "pt"})
-    (speech / "config.json").write_text(json.dumps(codec_config, indent=2))
-    (speech / "preprocessor_config.json").write_text(json.dumps(tq.PREPROCESSOR, indent=2))
-    gc.collect()
-    torch.cuda.empty_cache() if device != "cpu" else None
-    done.touch()
-    return folder
 
 
 # --- measuring --------------------------------------------------------------------------------------
@@ -285,15 +100,8 @@ def server_mode(ctx):
     from triton_omni.client.speech import SpeechClient
     from triton_omni.client.tensors import first, text
     from triton_omni.client.triton import responses
-    from triton_omni.converters.__main__ import load_configs
-    from triton_omni.converters.generate import write_repository
-    from triton_omni.launcher.triton import TritonServer
 
-    repo = Path(ctx.args.workdir) / f"repository-{ctx.name}"
-    write_repository(load_configs([ctx.name], [f"{ctx.name}={ctx.folder}"], ctx.overrides), repo, ctx.target)
-    server = TritonServer(repo, models=[ctx.name], log_path=Path(ctx.args.workdir) / f"server-{ctx.name}.log",
-                          extra_args=list(ctx.args.server_arg))
-    server.start(timeout=1800)
+    server = start_server(ctx.name, ctx.folder, ctx.overrides, Path(ctx.args.workdir), ctx.target, ctx.args.server_arg)
 
     def one(i, t0):
         values = SpeechClient.values(TEXT, voice=ctx.voice, response_format="pcm", stream=True,
@@ -498,7 +306,7 @@ def qwen3_tts_baseline(ctx):
     import shlex
     import subprocess
 
-    cmd = [*shlex.split(ctx.args.package_python), str(ROOT / "perf_analyzer_configs" / "bench_tts_qwen3_package.py"),
+    cmd = [*shlex.split(ctx.args.package_python), str(Path(__file__).with_name("bench_tts_qwen3_package.py")),
            str(ctx.folder), "--device", ctx.device, "--dtype", str(ctx.dtype).replace("torch.", ""),
            "--frames", str(ctx.args.audio_frames), "--first", "3", "--text", TEXT, "--voice", ctx.voice]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -540,51 +348,47 @@ MODE_FNS = {("orpheus_tts", "baseline"): orpheus_baseline, ("orpheus_tts", "inpr
 
 
 # --- results ----------------------------------------------------------------------------------------
-def write_results(rows, path: Path, args, gpu=None, versions=None, date=None, notes=()):
-    if versions is None:
-        versions = {"torch": torch.__version__, "python": platform.python_version()}
-        for mod in ("transformers", "snac", "kokoro", "tritonclient", "nvidia-pytriton"):
-            try:
-                versions[mod] = importlib.metadata.version(mod)
-            except importlib.metadata.PackageNotFoundError:
-                pass
-    gpu = gpu or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu")
-    for r in rows:
-        r.setdefault("command", "python " + " ".join(sys.argv))
-    commands = list(dict.fromkeys(r["command"] for r in rows))
-    data = {"commands": commands, "date": date or datetime.datetime.now().isoformat(timespec="seconds"), "gpu": gpu,
-            "versions": versions, "text": TEXT, "phonemes": PHONEMES, "audio_tokens": args.audio_tokens,
-            "audio_frames": args.audio_frames,
-            "notes": list(notes), "results": rows}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False))
-    lines = [f"# Speech synthesis benchmark ({gpu})", "", f"{data['date']}; " +
-             ", ".join(f"{k} {v}" for k, v in versions.items()) + ". Made by (each row names its command in the JSON):",
-             "", *[f"    {c}" for c in commands], "",
-             f"Random weights in the released shapes. Text: \"{TEXT}\" (Kokoro: its phonemes). Orpheus: "
-             f"{args.audio_tokens} audio tokens per request, Qwen3-TTS {args.audio_frames} frames (EOS ignored). TTFA: request sent -> first PCM chunk "
-             "received (baselines: see the script's docstring). RTF: latency / audio seconds. c requests sent "
-             "together; p50/p90 over all requests of the repeats.", "",
-             "| model | mode | c | requests | audio s | TTFA p50 ms | TTFA p90 ms | RTF p50 | RTF p90 | audio s/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['model']} | {r['mode']} | {r['concurrency']} | {r['requests']} | {r['audio_s']:.2f} | "
-              f"{r['ttfa_ms_p50']:.1f} | {r['ttfa_ms_p90']:.1f} | {r['rtf_p50']:.4f} | {r['rtf_p90']:.4f} | "
-              f"{r['audio_s_per_s']:.1f} |" for r in rows]
+MODELS = ["orpheus_tts", "kokoro_tts", "qwen3_tts"]
+
+
+def write_results(rows, path: Path, args, gpu=None, run_versions=None, date=None, notes=()):
+    meta = {"gpu": gpu or device_name(),
+            "versions": run_versions or versions("transformers", "snac", "kokoro", "tritonclient", "nvidia-pytriton"),
+            "text": TEXT, "phonemes": PHONEMES, "audio_tokens": args.audio_tokens, "audio_frames": args.audio_frames}
+    results.write(path, PAGE, rows, meta, notes, date)
+
+
+def intro(data) -> list[str]:
+    return [f"Random weights in the released shapes. Text: \"{data['text']}\" (Kokoro: its phonemes). Orpheus: "
+            f"{data['audio_tokens']} audio tokens per request, Qwen3-TTS {data['audio_frames']} frames (EOS ignored). "
+            "TTFA: request sent -> first PCM chunk received (baselines: see the script's docstring). RTF: latency / "
+            "audio seconds. c requests sent together; p50/p90 over all requests of the repeats."]
+
+
+def against_baseline(rows, data) -> list[str]:
     by = {(r["model"], r["mode"], r["concurrency"]): r for r in rows}
     ratios = [f"- {m} c={c}: {mode} {r['audio_s_per_s'] / by[(m, 'baseline', c)]['audio_s_per_s']:.2f}x the "
               "baseline's audio s/s" for (m, mode, c), r in by.items()
               if mode != "baseline" and (m, "baseline", c) in by]
-    lines += ["", "Throughput against the baseline:", "", *ratios] if ratios else []
-    lines += ["", "Qwen3-TTS-0.6B targets: TTFA p50 <= 50 ms at c=1, <= 150 ms at c=16; >= 3x the qwen-tts "
-              "package's audio s/s at c=16."]
-    lines += ["", "Notes:", "", *[f"- {n}" for n in notes]] if notes else []
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return (["Throughput against the baseline:", "", *ratios, ""] if ratios else []) + [
+        "Qwen3-TTS-0.6B targets: TTFA p50 <= 50 ms at c=1, <= 150 ms at c=16; >= 3x the qwen-tts package's "
+        "audio s/s at c=16."]
+
+
+PAGE = results.Page(
+    title="Speech synthesis benchmark", module="perf_analyzer_configs.benchmarks.bench_tts", intro=intro,
+    after=against_baseline,
+    columns=[results.column("model", "model", numeric=False), results.column("mode", "mode", numeric=False),
+             results.column("c", "concurrency"), results.column("requests", "requests"),
+             results.column("audio s", "audio_s", ".2f"), results.column("TTFA p50 ms", "ttfa_ms_p50", ".1f"),
+             results.column("TTFA p90 ms", "ttfa_ms_p90", ".1f"), results.column("RTF p50", "rtf_p50", ".4f"),
+             results.column("RTF p90", "rtf_p90", ".4f"), results.column("audio s/s", "audio_s_per_s", ".1f")],
+    order=lambda r: (MODELS.index(r["model"]), MODES.index(r["mode"]), r["concurrency"]))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["orpheus_tts", "kokoro_tts"],
-                    choices=["orpheus_tts", "kokoro_tts", "qwen3_tts"])
+    ap.add_argument("--models", nargs="+", default=["orpheus_tts", "kokoro_tts"], choices=MODELS)
     ap.add_argument("--audio-frames", type=int, default=100, help="Qwen3-TTS frames per request (12.5 a second)")
     ap.add_argument("--package-python", default=str(ROOT / ".venv-qwentts" / "bin" / "python"),
                     help="the command that runs python in the qwen-tts environment (the qwen3_tts baseline)")
@@ -595,7 +399,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="real", choices=list(SHAPES), help="tiny: seconds on a CPU")
     ap.add_argument("--hf-compile", action="store_true", help="let transformers compile its static-cache decode")
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench-tts")
-    ap.add_argument("--out", type=Path, default=ROOT / "perf_analyzer_configs" / "results" / "tts.json")
+    ap.add_argument("--out", type=Path, default=results.RESULTS / "tts.json")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, c 1 2, one round, 84 tokens: checks the script")
     ap.add_argument("--merge", nargs="+", type=Path, help="combine the results of separate runs into --out")
     ap.add_argument("--note", action="append", default=[], help="a note for the results")
@@ -605,7 +409,7 @@ def main() -> int:
     ap.add_argument("--server-stats", action="store_true", help="print each served step's Triton statistics at the end")
     args = ap.parse_args()
     if args.merge:
-        parts, rows, notes = merge_parts(args.merge, ("model", "mode", "concurrency"), args.note)
+        parts, rows, notes = results.merge_parts(args.merge, ("model", "mode", "concurrency"), args.note)
         args.audio_tokens = parts[0]["audio_tokens"]
         args.audio_frames = next((p["audio_frames"] for p in parts if "audio_frames" in p), args.audio_frames)
         write_results(rows, args.out, args, parts[0]["gpu"], parts[0]["versions"],
@@ -649,8 +453,7 @@ def main() -> int:
             finally:
                 close()
                 del go, close
-                gc.collect()
-                torch.cuda.empty_cache() if cuda else None
+                release_memory()
     write_results(rows, args.out, args, notes=args.note)
     print(args.out.with_suffix(".md").read_text())
     return 0

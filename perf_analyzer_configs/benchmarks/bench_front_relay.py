@@ -4,12 +4,12 @@ A toy ensemble stands in for a model: `toy_stream`, a decoupled python model tha
 engine, runs a "step" every --step-ms and sends one token (a 1-element INT32 `OUT`) to every live
 stream; `toy_post`, a pass-through step after it (as the detokenizer); `toy_ens`, the ensemble; and
 `toy_front`, the front (python_backends/runtime/front.py, or the class named by --front, e.g. a
-variant under test). Clients keep --concurrency gRPC streams of --tokens tokens busy for --seconds
+variant under test in a file of its own). Clients keep --concurrency gRPC streams of --tokens tokens busy for --seconds
 and count tokens received (a front that merges responses sends several per response), after a
 warm-up that lasts until the first request has ended.
 
-    python perf_analyzer_configs/bench_front_relay.py                       # toy_ens and toy_front
-    python perf_analyzer_configs/bench_front_relay.py --front-path DIR --front mymodule:MyFront --models toy_front
+    python -m perf_analyzer_configs.benchmarks.bench_front_relay          # toy_ens and toy_front
+    python -m perf_analyzer_configs.benchmarks.bench_front_relay --front /tmp/my_front.py:MyFront --models toy_front
 
 Prints one JSON line per model: tokens/s, responses/s. On a 2-core machine the toy itself is
 CPU-bound, so compare the front against the ensemble called directly in the same run.
@@ -26,12 +26,10 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+# The models' code runs in Triton's python stubs, which run this environment's python: triton_omni is
+# installed there, and a front under test that is not a module of it is loaded from its file.
 STREAM_MODEL = '''
-import queue, sys, threading, time
-sys.path.insert(0, {root!r})
+import queue, threading, time
 import numpy as np
 import triton_python_backend_utils as pb
 from triton_omni.runtime.triton_model import STUB_LOCK
@@ -80,10 +78,15 @@ class TritonPythonModel:
                 for r in requests]
 '''
 FRONT_MODEL = '''
-import importlib, sys
-sys.path[:0] = [{root!r}, *{paths!r}]
-module, name = {front!r}.split(":")
-TritonPythonModel = getattr(importlib.import_module(module), name)
+import importlib, importlib.util
+module, name = {front!r}.rsplit(":", 1)
+if module.endswith(".py"):                 # a file: loaded as a module of its own, no search path needed
+    spec = importlib.util.spec_from_file_location("front_under_test", module)
+    found = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(found)
+else:
+    found = importlib.import_module(module)
+TritonPythonModel = getattr(found, name)
 '''
 CONFIGS = {
     "toy_stream": '''
@@ -119,8 +122,8 @@ CONFIGS = {
 
 
 def write_repository(folder: Path, args) -> None:
-    code = {"toy_stream": STREAM_MODEL.format(root=str(ROOT), step_s=args.step_ms / 1e3), "toy_post": POST_MODEL,
-            "toy_front": FRONT_MODEL.format(root=str(ROOT), paths=args.front_path, front=args.front)}
+    code = {"toy_stream": STREAM_MODEL.format(step_s=args.step_ms / 1e3), "toy_post": POST_MODEL,
+            "toy_front": FRONT_MODEL.format(front=args.front)}
     for name, config in CONFIGS.items():
         (folder / name / "1").mkdir(parents=True, exist_ok=True)
         text = f'name: "{name}"\nmax_batch_size: 0\n' + textwrap.dedent(config.format(fronts=args.fronts)).strip()
@@ -194,14 +197,17 @@ def measure(url: str, model: str, args) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["toy_ens", "toy_front"], choices=["toy_ens", "toy_front"])
-    ap.add_argument("--front", default="triton_omni.runtime.front:StreamFront", help="module:class of the front")
-    ap.add_argument("--front-path", action="append", default=[], help="a folder to import --front's module from")
+    ap.add_argument("--front", default="triton_omni.runtime.front:StreamFront",
+                    help="the front's class: module:Class, or FILE.py:Class for a variant in a file of its own")
     ap.add_argument("--fronts", type=int, default=1, help="front processes (instance count)")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=256, help="tokens per request")
     ap.add_argument("--step-ms", type=float, default=2.0, help="the toy engine's step time")
     ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args()
+    module, _, cls = args.front.rpartition(":")
+    if module.endswith(".py"):               # the stub runs elsewhere: the file by its absolute path
+        args.front = f"{Path(module).resolve()}:{cls}"
 
     from triton_omni.launcher.triton import TritonServer
 

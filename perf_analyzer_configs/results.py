@@ -1,0 +1,158 @@
+"""The benchmarks' result files, written one way: `results/NAME.json` holds every row (each naming the
+command that made it), the run's facts (GPU, versions, settings) and notes; the pages are generated
+from it. `results/NAME.md` opens with the table of the rows of the current defaults and the commands
+that made them; `results/NAME_notes.md` holds the other rows (retired defaults, variants tried) and
+the notes on how the numbers came about. Also: combining the files of a run split in parts.
+
+    python -m perf_analyzer_configs.results                 # regenerate every page from its JSON
+    python -m perf_analyzer_configs.results ar_decode tts   # some of them
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# results/NAME.json -> the benchmark whose PAGE renders it
+BENCHMARKS = {"ar_decode": "bench_ar_decode", "decode_matmul": "bench_decode_matmul", "image": "bench_image",
+              "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec"}
+
+
+@dataclass
+class Column:
+    header: str
+    cell: Callable[[dict], str]
+    numeric: bool = True             # right-aligned
+
+
+def column(header: str, key: str, fmt: str = "", numeric: bool = True) -> Column:
+    """A row's value at `key`, formatted; empty where the row has none."""
+    return Column(header, lambda r: "" if r.get(key) is None else format(r[key], fmt), numeric)
+
+
+@dataclass
+class Page:
+    """How a benchmark's JSON reads as Markdown."""
+    title: str
+    module: str                                       # the benchmark, run as `python -m <module>`
+    columns: list[Column]
+    intro: Callable[[dict], list[str]] = lambda data: []    # what was measured, after the commands
+    after: Callable[[list[dict], dict], list[str]] = lambda rows, data: []   # under the current table
+    current: Callable[[dict], bool] = lambda row: True      # a row of the current defaults
+    order: Callable[[dict], tuple] | None = None            # of the current table's rows
+
+
+def this_command() -> str:
+    """The command line of this process, as `python -m module args` when it was run that way."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    head = f"python -m {spec.name}" if spec and spec.name != "__main__" else f"python {sys.argv[0]}"
+    return " ".join([head, *map(shlex.quote, sys.argv[1:])])
+
+
+def write(path: Path, page: Page, rows: list[dict], meta: dict, notes=(), date: str | None = None,
+          command: str | None = None) -> dict:
+    """NAME.json with `rows` (those without a command get this process's), `meta` and `notes`; then its pages."""
+    command = command or this_command()
+    for r in rows:
+        r.setdefault("command", command)
+    data = {"commands": list(dict.fromkeys(r["command"] for r in rows)),
+            "date": date or datetime.datetime.now().isoformat(timespec="seconds"), **meta,
+            "notes": list(notes), "results": rows}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    render(path, page, data)
+    return data
+
+
+def table(page: Page, rows: list[dict], commands: list[str]) -> list[str]:
+    """Markdown table of `rows`; the last column numbers each row's command in `commands`."""
+    lines = ["| " + " | ".join([c.header for c in page.columns] + ["run"]) + " |",
+             "|" + "|".join(["---:" if c.numeric else "---" for c in page.columns] + ["---:"]) + "|"]
+    for r in rows:
+        cells = [c.cell(r) for c in page.columns] + [str(commands.index(r["command"]) + 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def numbered(commands: list[str]) -> list[str]:
+    return [f"    [{i}] {c}" for i, c in enumerate(commands, 1)]
+
+
+def render(path: Path, page: Page, data: dict) -> None:
+    """NAME.md (current rows) and, when there are other rows or notes, NAME_notes.md."""
+    rows = data["results"]
+    current = [r for r in rows if page.current(r)]
+    current = sorted(current, key=page.order) if page.order else current
+    others = [r for r in rows if not page.current(r)]
+    notes_path = path.with_name(path.stem + "_notes.md")
+    versions = ", ".join(f"{k} {v}" for k, v in data.get("versions", {}).items())
+    commands = list(dict.fromkeys(r["command"] for r in current))
+    lines = [f"# {page.title} ({data.get('gpu', '?')})", "",
+             f"Generated from {path.name} by perf_analyzer_configs/results.py; {data['date']}; {versions}.", "",
+             f"The rows of the current defaults. Each row's `run` is the command that made it (rerun as "
+             f"`python -m {page.module}` with its arguments):", "", *numbered(commands), "",
+             *page.intro(data), "", *table(page, current, commands), ""]
+    lines += [*page.after(current, data), ""]
+    if others or data.get("notes"):
+        lines.append(f"Other configurations measured and notes on how these numbers came about: "
+                     f"[{notes_path.name}]({notes_path.name}).")
+    path.with_suffix(".md").write_text("\n".join(lines).rstrip("\n").replace("\n\n\n", "\n\n") + "\n")
+    if not (others or data.get("notes")):
+        notes_path.unlink(missing_ok=True)
+        return
+    out = [f"# {page.title}: other configurations and notes", "",
+           f"Generated from {path.name} with [{path.stem}.md]({path.stem}.md), whose table has the current defaults."]
+    if others:
+        other_commands = list(dict.fromkeys(r["command"] for r in others))
+        out += ["", "## Other configurations", "",
+                "Retired defaults and variants, as measured (the notes below say what each was):", "",
+                *numbered(other_commands), "", *table(page, others, other_commands)]
+    if data.get("notes"):
+        out += ["", "## Notes", "", *[f"- {n}" for n in data["notes"]]]
+    notes_path.write_text("\n".join(out) + "\n")
+
+
+def merge_parts(paths: list[Path], key: tuple[str, ...], notes: list[str] | None = None):
+    """The parsed files, their rows (a later file's row replaces an earlier one with the same `key`
+    fields; each row keeps the command that made it) and their notes followed by `notes`, each once."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    rows: dict[tuple, dict] = {}
+    for part in parts:
+        for r in part["results"]:
+            if part.get("command") or part.get("commands"):
+                r.setdefault("command", part.get("command") or part["commands"][0])
+            k = tuple(r[f] for f in key)
+            rows.pop(k, None)
+            rows[k] = r
+    merged_notes = list(dict.fromkeys([n for p in parts for n in p.get("notes", [])] + list(notes or [])))
+    return parts, list(rows.values()), merged_notes
+
+
+def page_of(name: str) -> Page:
+    return importlib.import_module(f"perf_analyzer_configs.benchmarks.{BENCHMARKS[name]}").PAGE
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", metavar="NAME", help=f"default: all of {', '.join(BENCHMARKS)}")
+    ap.add_argument("--dir", type=Path, default=RESULTS, help="the folder of the JSON files")
+    args = ap.parse_args()
+    unknown = set(args.names) - set(BENCHMARKS)
+    if unknown:
+        ap.error(f"no benchmark writes {', '.join(sorted(unknown))}")
+    for name in args.names or list(BENCHMARKS):
+        path = args.dir / f"{name}.json"
+        render(path, page_of(name), json.loads(path.read_text()))
+        print(f"wrote {path.with_suffix('.md')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
