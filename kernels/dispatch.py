@@ -1,25 +1,43 @@
-"""Route each hot operation to its Triton kernel (CUDA tensors, when enabled) or its torch reference.
+"""Which implementation runs each hot operation: its Triton kernel (CUDA tensors, when enabled) or its
+torch path, chosen per call by one decorator (`routed`), and the environment switches that steer it.
 
-The engine turns kernels on for CUDA (`enable(True)`); CPU runs always take the reference path.
+The engine turns kernels on for CUDA (`enable(True)`); CPU runs always take the torch path. The kernels
+live by family, each module beside its torch reference (kernels/<family>.py, kernels/<family>_reference.py);
+the ops below keep the names the models call.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import os
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from triton_omni.kernels import reference
+from triton_omni.kernels import attention_reference, gated_delta_reference, norms_reference
+
+# ------------------------------------------------------------------ switches (read once, at import)
+
+# Triton's interpreter runs the kernels on the CPU (the tests); it is chosen before triton is imported.
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+# Programmatic dependent launch of the decode kernels (kernels.triton_helpers): on unless
+# TRITON_OMNI_PDL=0 (or this is cleared); the interpreter runs no launch attributes.
+PDL = os.environ.get("TRITON_OMNI_PDL", "1") != "0" and not INTERPRETER
+# The prefill kernels of the delta rule pass their tests (tests/test_kernels_gated_delta.py) but have not
+# been timed against the torch path on the GPU yet: off unless TRITON_OMNI_DELTA_RULE_KERNEL=1 (or this is set).
+DELTA_RULE_KERNEL = os.environ.get("TRITON_OMNI_DELTA_RULE_KERNEL", "0") == "1"
 
 _enabled = False
+ROUTES: list[tuple[Callable, str, str]] = []     # each routed op: (its torch path, its kernel's module, name)
 
 
 def enable(on: bool = True) -> None:
     """Use the Triton kernels for CUDA tensors (needs the `triton` package)."""
     global _enabled
     if on:
-        import triton_omni.kernels.triton_ops  # noqa: F401 - fail here, not in the middle of a forward pass
+        for module in sorted({module for _, module, _ in ROUTES}):
+            importlib.import_module(module)     # fail here, not in the middle of a forward pass
     _enabled = on
 
 
@@ -27,35 +45,52 @@ def enabled() -> bool:
     return _enabled
 
 
-def _kernel(x: torch.Tensor):
-    if _enabled and x.is_cuda:
-        import triton_omni.kernels.triton_ops as ops
-
-        return ops
-    return None
+@functools.lru_cache(maxsize=None)
+def _kernel(module: str, name: str):
+    return getattr(importlib.import_module(module), name)
 
 
-def rms_norm(x, weight, eps, residual=None, zero_centered=False):
-    ops = _kernel(x)
-    if ops is not None and hasattr(ops, "rms_norm"):
-        return ops.rms_norm(x, weight, eps, residual, zero_centered)
-    return reference.rms_norm(x, weight, eps, residual, zero_centered)
+def routed(module: str, kernel: str | None = None, applies=None):
+    """Make an op's torch path (its reference, or a composite of other ops) the public op, which picks
+    per call: the Triton kernel `kernel` (by default the op's own name) of `module`, called with the same
+    arguments, when kernels are enabled, the first argument is a CUDA tensor and `applies(*args,
+    **kwargs)` holds (the shapes and dtypes the kernel takes, where it takes fewer); the torch path
+    otherwise. The kernel's module is imported on its first call (it needs `triton`)."""
+    def wrap(torch_path):
+        name = kernel or torch_path.__name__
+        ROUTES.append((torch_path, module, name))
+
+        @functools.wraps(torch_path)
+        def op(*args, **kwargs):
+            if _enabled and args[0].is_cuda and (applies is None or applies(*args, **kwargs)):
+                return _kernel(module, name)(*args, **kwargs)
+            return torch_path(*args, **kwargs)
+        return op
+    return wrap
 
 
-def silu_and_mul(x):
-    ops = _kernel(x)
-    if ops is not None and hasattr(ops, "silu_and_mul"):
-        return ops.silu_and_mul(x)
-    return reference.silu_and_mul(x)
+NORMS, DECODE_MATMUL, ATTENTION, GATED_DELTA = (
+    f"triton_omni.kernels.{family}" for family in ("norms", "decode_matmul", "attention", "gated_delta"))
+
+rms_norm = routed(NORMS)(norms_reference.rms_norm)
+silu_and_mul = routed(NORMS)(norms_reference.silu_and_mul)
+qk_norm_rope_store = routed(ATTENTION, applies=lambda q, k, v, q_weight, *args, **kwargs: (
+    q_weight is None or q_weight.dtype == q.dtype))(attention_reference.qk_norm_rope_store)
+paged_decode_attention = routed(ATTENTION)(attention_reference.paged_decode_attention)
+causal_conv1d_prefill = routed(GATED_DELTA)(gated_delta_reference.causal_conv1d_prefill)
+causal_conv1d_update = routed(GATED_DELTA)(gated_delta_reference.causal_conv1d_update)
+gated_delta_decode = routed(GATED_DELTA)(gated_delta_reference.gated_delta_decode)
 
 
+def _one_16bit_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Batch-1 decode, 16-bit: where the skinny kernels beat cuBLAS."""
+    return x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+
+
+@routed(DECODE_MATMUL, "skinny_linear", applies=lambda x, weight, *args, **kwargs: _one_16bit_row(x, weight))
 def linear(x, weight, bias=None, gated=False):
     """x @ weight.T (+ bias), `gated`: of silu(gate) * up of a fused [gate | up] x. One 16-bit row
     (batch-1 decode) runs the skinny Triton kernel; everything else cuBLAS."""
-    ops = _kernel(x)
-    if (ops is not None and x.dim() == 2 and x.shape[0] == 1
-            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
-        return ops.skinny_linear(x, weight, bias, gated)
     return F.linear(silu_and_mul(x) if gated else x, weight, bias)
 
 
@@ -67,55 +102,19 @@ def linear(x, weight, bias=None, gated=False):
 NORM_FOLD_MAX_K = 2048
 
 
+def _norm_folds(x, residual, norm_weight, eps, zero_centered, weight, bias=None) -> bool:
+    return _one_16bit_row(x, weight) and x.shape[1] <= NORM_FOLD_MAX_K and norm_weight.dtype == x.dtype
+
+
+@routed(DECODE_MATMUL, "skinny_norm_linear", applies=_norm_folds)
 def norm_linear(x, residual, norm_weight, eps, zero_centered, weight, bias=None):
     """linear(rms_norm(x [+ residual])) and the new residual (x + residual; x itself without one).
     One 16-bit row of width <= NORM_FOLD_MAX_K: one skinny kernel (the norm folded in); otherwise the
     norm, then `linear`."""
-    ops = _kernel(x)
-    if (ops is not None and x.dim() == 2 and x.shape[0] == 1 and x.shape[1] <= NORM_FOLD_MAX_K
-            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and norm_weight.dtype == x.dtype):
-        return ops.skinny_norm_linear(x, residual, norm_weight, eps, zero_centered, weight, bias)
     if residual is None:
         return linear(rms_norm(x, norm_weight, eps, None, zero_centered), weight, bias), x
     h, residual = rms_norm(x, norm_weight, eps, residual, zero_centered)
     return linear(h, weight, bias), residual
-
-
-def qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,
-                       k_cache, v_cache, slot_mapping):
-    ops = _kernel(q)
-    if ops is not None and hasattr(ops, "qk_norm_rope_store") and (q_weight is None or q_weight.dtype == q.dtype):
-        return ops.qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,
-                                      k_cache, v_cache, slot_mapping)
-    return reference.qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,
-                                        k_cache, v_cache, slot_mapping)
-
-
-def causal_conv1d_prefill(x, weight, positions):
-    ops = _kernel(x)
-    if ops is not None and hasattr(ops, "causal_conv1d_prefill"):
-        return ops.causal_conv1d_prefill(x, weight, positions)
-    return reference.causal_conv1d_prefill(x, weight, positions)
-
-
-def causal_conv1d_update(x, conv_state, weight, slots):
-    ops = _kernel(x)
-    if ops is not None and hasattr(ops, "causal_conv1d_update"):
-        return ops.causal_conv1d_update(x, conv_state, weight, slots)
-    return reference.causal_conv1d_update(x, conv_state, weight, slots)
-
-
-def gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weight, eps):
-    ops = _kernel(q)
-    if ops is not None and hasattr(ops, "gated_delta_decode"):
-        return ops.gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weight, eps)
-    return reference.gated_delta_decode(q, k, v, a, b, A_log, dt_bias, state, slots, z, norm_weight, eps)
-
-
-# The prefill kernels of the delta rule pass their tests (tests/test_kernels.py) but have not been timed
-# against the torch path on the GPU yet: off unless TRITON_OMNI_DELTA_RULE_KERNEL=1 (or this is set).
-DELTA_RULE_KERNEL = os.environ.get("TRITON_OMNI_DELTA_RULE_KERNEL", "0") == "1"
 
 
 def delta_rule_kernel(device) -> bool:
@@ -129,52 +128,18 @@ def gated_delta_chunks(cu_seqlens, seq_lens, num_tokens):
     forward: the kernels' GatedDeltaChunks from cu_seqlens [S + 1] (device) and a bound on the tokens,
     or the torch path's ChunkLayout from the host lengths `seq_lens`."""
     if delta_rule_kernel(cu_seqlens.device):
-        import triton_omni.kernels.triton_ops as ops
-
-        return ops.GatedDeltaChunks.of(cu_seqlens, num_tokens)
-    return reference.ChunkLayout.build(seq_lens, reference.DELTA_CHUNK, cu_seqlens.device)
+        return _kernel(GATED_DELTA, "GatedDeltaChunks").of(cu_seqlens, num_tokens)
+    return gated_delta_reference.ChunkLayout.build(seq_lens, gated_delta_reference.DELTA_CHUNK, cu_seqlens.device)
 
 
 def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks, state, slots):
-    """The delta rule over the packed prompts (see reference.gated_delta_prefill): returns the outputs
-    [T, Hv, dv] fp32 and leaves prompt s's last state in state[slots[s]]."""
-    if isinstance(chunks, reference.ChunkLayout):
-        out, states = reference.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks)
+    """The delta rule over the packed prompts (see gated_delta_reference.gated_delta_prefill): returns the
+    outputs [T, Hv, dv] fp32 and leaves prompt s's last state in state[slots[s]]."""
+    if isinstance(chunks, gated_delta_reference.ChunkLayout):
+        out, states = gated_delta_reference.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks)
         state.index_copy_(0, slots, states)
         return out
-    import triton_omni.kernels.triton_ops as ops
-
-    return ops.gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks, state, slots)
-
-
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len):
-    ops = _kernel(q)
-    if ops is not None and hasattr(ops, "paged_decode_attention"):
-        return ops.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len)
-
-
-def argmax(x):
-    """The first index of each row's maximum: x [B, V] -> int64 [B]."""
-    ops = _kernel(x)
-    return ops.argmax(x) if ops is not None else x.argmax(-1)
-
-
-def decode_inputs(rows, position, last_token, block_tables, scratch, block_size):
-    ops = _kernel(rows)
-    if ops is not None:
-        return ops.decode_inputs(rows, position, last_token, block_tables, scratch, block_size)
-    return reference.decode_inputs(rows, position, last_token, block_tables, scratch, block_size)
-
-
-def decode_finish(tokens, rows, out_count, min_tokens, max_tokens, stop_ids, last_token, position, scratch, out,
-                  advance, write_token):
-    ops = _kernel(rows)
-    if ops is not None:
-        return ops.decode_finish(tokens, rows, out_count, min_tokens, max_tokens, stop_ids, last_token, position,
-                                 scratch, out, advance, write_token)
-    return reference.decode_finish(tokens, rows, out_count, min_tokens, max_tokens, stop_ids, last_token, position,
-                                   scratch, out, advance, write_token)
+    return _kernel(GATED_DELTA, "gated_delta_prefill")(q, k, v, a, b, A_log, dt_bias, chunks, state, slots)
 
 
 @functools.lru_cache(maxsize=None)
@@ -196,7 +161,7 @@ def prefill_attention(q, k, v, seq_lens, scale, cu_seqlens=None, max_seqlen=0):
     if not q.is_cuda:
         if seq_lens is None:        # a prefill graph's layout, run eagerly on a CPU (tests)
             seq_lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-        return reference.prefill_attention(q, k, v, seq_lens, scale)
+        return attention_reference.prefill_attention(q, k, v, seq_lens, scale)
     # The reference's 3-D, enable_gqa call takes torch's math path on CUDA (~0.4 ms of host time per
     # layer); 4-D with the key/value heads repeated, it runs a fused kernel (fp32 included).
     group = q.shape[1] // k.shape[1]

@@ -146,7 +146,7 @@ def test_prefill_and_decode_logits(pair, prefill_kernels, monkeypatch):
     """`kernels`: the delta rule's prefill through its Triton kernels (the interpreter on a CPU)."""
     hf, _, ours = pair
     if prefill_kernels:
-        pytest.importorskip("triton_omni.kernels.triton_ops")
+        pytest.importorskip("triton_omni.kernels.gated_delta")
         monkeypatch.setattr(dispatch, "delta_rule_kernel", lambda device: True)
     seqs = prompts(seed=2)
     cache = ManualCache(ours, state_slots=[2, 0, 3, 1])     # deliberately not 0..B-1
@@ -172,7 +172,7 @@ def test_prefill_graph_body_equals_eager_prefill(pair, monkeypatch):
     run eagerly: the prompts in a 128-token bucket (34 padding tokens, 2 empty sequences whose state
     row is the scratch row) give the eager prefill's last hidden states, KV-cache rows and state rows,
     and change no other row."""
-    pytest.importorskip("triton_omni.kernels.triton_ops")
+    pytest.importorskip("triton_omni.kernels.gated_delta")
     monkeypatch.setattr(dispatch, "delta_rule_kernel", lambda device: True)
     _, _, ours = pair
     engine = LLMEngine(ours, EngineConfig(max_num_seqs=6, max_model_len=128, cuda_graph_prefill_tokens=[16, 128]),
@@ -266,7 +266,7 @@ def recurrent_delta_rule(q, k, v, g, beta):
 def test_chunked_delta_rule_equals_the_recurrence(lens):
     """Packed sequences of unequal lengths: some end while others run on (the scan's running set
     shrinks), chunks cut mid-sequence and at its end, a one-token sequence."""
-    from triton_omni.kernels.reference import ChunkLayout, chunk_gated_delta_rule, l2norm
+    from triton_omni.kernels.gated_delta_reference import ChunkLayout, chunk_gated_delta_rule, l2norm
 
     gen = torch.Generator().manual_seed(0)
     T, H, dk, dv = sum(lens), 3, 16, 8

@@ -1,6 +1,6 @@
 """A batch-1 decode step's matmuls alone: cuBLAS (F.linear, plus the silu_and_mul kernel for down_proj,
 plus the RMSNorm kernel before q/k/v and gate/up) against the skinny Triton kernels that replace them
-on the GPU (kernels/triton_ops.skinny_linear, skinny_norm_linear), on the Qwen3-0.6B and Qwen3-8B
+on the GPU (kernels/decode_matmul.skinny_linear, skinny_norm_linear), on the Qwen3-0.6B and Qwen3-8B
 shapes, bfloat16, one input row.
 
     python -m perf_analyzer_configs.benchmarks.bench_decode_matmul     # on the GPU
@@ -54,7 +54,7 @@ def graph_time_us(fn, calls: int, reps: int = 20) -> float:
 
 
 def bench_shape(N: int, K: int, before: str | None) -> dict:
-    from triton_omni.kernels import triton_ops as ops
+    from triton_omni.kernels import decode_matmul as ops, norms
 
     copies = max(1, int(200e6 // (N * K * 2)))
     ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5 for _ in range(copies)]
@@ -66,13 +66,13 @@ def bench_shape(N: int, K: int, before: str | None) -> dict:
             return ops.skinny_norm_linear(x, res, nw, 1e-6, False, w)[0]
 
         def cublas(w):
-            return F.linear(ops.rms_norm(x, nw, 1e-6, res)[0], w)
+            return F.linear(norms.rms_norm(x, nw, 1e-6, res)[0], w)
     elif before == "silu":
         def ours(w):
             return ops.skinny_linear(x, w, None, gated=True)
 
         def cublas(w):
-            return F.linear(ops.silu_and_mul(x), w)
+            return F.linear(norms.silu_and_mul(x), w)
     else:
         def ours(w):
             return ops.skinny_linear(x, w)

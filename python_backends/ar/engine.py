@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from triton_omni.kernels.reference import FINISH_LENGTH, FINISH_STOP
+from triton_omni.ar.bookkeeping_reference import FINISH_LENGTH, FINISH_STOP
 from triton_omni.ar.block_manager import BlockManager
 from triton_omni.ar.config import EngineConfig
 from triton_omni.ar.model_runner import ModelRunner, StepHandle

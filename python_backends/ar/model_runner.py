@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from triton_omni.kernels import dispatch
+from triton_omni.ar import bookkeeping_dispatch
 from triton_omni.ar.config import EngineConfig
 from triton_omni.ar.sampling import sample
 from triton_omni.ar.sequence import Sequence
@@ -210,7 +211,7 @@ class ModelRunner:
     def _picker(self, rows: torch.Tensor, variant: str) -> Pick:
         """The rows' sampler: argmax, or the seeded sampler with each row's parameters."""
         if variant == GREEDY:
-            return lambda logits, steps: dispatch.argmax(logits)
+            return lambda logits, steps: bookkeeping_dispatch.argmax(logits)
         t, k, p, seeds = self.temperature[rows], self.top_k[rows], self.top_p[rows], self.seeds[rows]
         f = variant == FILTERED
         return lambda logits, steps: sample(logits, t, k, p, seeds, steps, f, f)
@@ -227,14 +228,14 @@ class ModelRunner:
         else:
             steps = None if variant == GREEDY else self.out_count[rows]
             tokens = pick(self.model.compute_logits(hidden), steps)
-        dispatch.decode_finish(tokens, rows, self.out_count, self.min_tokens, self.max_tokens, self.stop_ids,
-                               self.last_token, self.position, self.scratch, out, advance,
-                               write_token=not self.frame_model)
+        bookkeeping_dispatch.decode_finish(tokens, rows, self.out_count, self.min_tokens, self.max_tokens,
+                                           self.stop_ids, self.last_token, self.position, self.scratch, out,
+                                           advance, write_token=not self.frame_model)
         return out
 
     def _decode_body(self, bs: int, variant: str, max_context_len: int) -> torch.Tensor:
         rows = self.rows[:bs]
-        pos, slots, context_lens, tables, tokens = dispatch.decode_inputs(
+        pos, slots, context_lens, tables, tokens = bookkeeping_dispatch.decode_inputs(
             rows, self.position, self.last_token, self.block_tables, self.scratch, self.config.block_size)
         ctx = ForwardContext(is_prefill=False, slot_mapping=slots, state_slots=rows, block_tables=tables,
                              context_lens=context_lens, max_context_len=max_context_len)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triton_omni.kernels import dispatch, reference
+from triton_omni.kernels import dispatch, gated_delta_reference as reference
 from triton_omni.models.attention import PagedAttention
 from triton_omni.models.context import ForwardContext, RecurrentStateSpec
 from triton_omni.models.decoder import PACKED, CausalLM, DecoderLayer, DecoderModel

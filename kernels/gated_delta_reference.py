@@ -1,4 +1,4 @@
-"""Torch reference implementations: the definition of what each kernel must compute."""
+"""Torch references of kernels.gated_delta: the definition of what each kernel must compute."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,76 +6,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from triton_omni.kernels.norms_reference import rms_norm
 from triton_omni.runtime.device import upload
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-             zero_centered: bool = False):
-    """norm(x [+ residual]) in fp32; returns (y, new_residual) when a residual is given."""
-    if residual is not None:
-        x = x + residual
-        residual = x
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    if zero_centered:
-        y = (h * (1.0 + weight.float())).to(x.dtype)
-    else:
-        y = weight * h.to(x.dtype)
-    return y if residual is None else (y, residual)
-
-
-def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor):
-    """Rotate-half RoPE on the first 2*cos.shape[-1] dims of each head. q: [T, Hq, D], k: [T, Hk, D]."""
-    c = cos[positions].unsqueeze(1)   # [T, 1, rd/2]
-    s = sin[positions].unsqueeze(1)
-    half = cos.shape[-1]
-
-    def rot(x):
-        x1, x2, rest = x[..., :half].float(), x[..., half:2 * half].float(), x[..., 2 * half:]
-        out = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-        return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
-
-    return rot(q), rot(k)
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           gated: bool = False) -> torch.Tensor:
-    """x @ weight.T (+ bias); `gated`: x is a fused [gate | up] projection, silu(gate) * up first."""
-    return F.linear(silu_and_mul(x) if gated else x, weight, bias)
-
-
-def norm_linear(x, residual, norm_weight, eps, zero_centered, weight, bias=None):
-    """linear(rms_norm(x [+ residual])) and the new residual (x + residual; x itself without one)."""
-    if residual is None:
-        return F.linear(rms_norm(x, norm_weight, eps, None, zero_centered), weight, bias), x
-    h, residual = rms_norm(x, norm_weight, eps, residual, zero_centered)
-    return F.linear(h, weight, bias), residual
-
-
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Write k, v [T, H, D] into the paged caches [num_blocks, block_size, H, D]; slot -1 is skipped."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep]
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
-
-
-def qk_norm_rope_store(q, k, v, q_weight, k_weight, eps, zero_centered, cos, sin, positions,
-                       k_cache, v_cache, slot_mapping):
-    """Per-head RMSNorm of q and k (when weights are given), rotary on both, then k (rotated) and v
-    written into the paged caches. Returns the new (q, k)."""
-    if q_weight is not None:
-        q = rms_norm(q, q_weight, eps, None, zero_centered)
-        k = rms_norm(k, k_weight, eps, None, zero_centered)
-    q, k = rotary(q, k, cos, sin, positions)
-    store_kv(k, v, k_cache, v_cache, slot_mapping)
-    return q, k
 
 
 def causal_windows(x: torch.Tensor, ends: torch.Tensor, positions: torch.Tensor, width: int) -> torch.Tensor:
@@ -237,69 +169,3 @@ def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, layout: ChunkLayout):
     beta = b.sigmoid().float()                                                     # write strength in (0, 1)
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())             # log decay <= 0
     return chunk_gated_delta_rule(q, k, v.float(), g, beta, layout)
-
-
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           max_context_len: int) -> torch.Tensor:
-    """One query token per sequence against its paged context. q: [B, Hq, D] -> [B, Hq, D]."""
-    B, Hq, D = q.shape
-    block_size, Hk = k_cache.shape[1], k_cache.shape[2]
-    pos = torch.arange(max_context_len, device=q.device)
-    slots = block_tables[:, pos // block_size].long() * block_size + pos % block_size   # [B, L]
-    k = k_cache.view(-1, Hk, D)[slots].float()                                          # [B, L, Hk, D]
-    v = v_cache.view(-1, Hk, D)[slots].float()
-    qg = q.float().view(B, Hk, Hq // Hk, D)
-    scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale
-    valid = pos[None, :] < context_lens[:, None]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    out = torch.einsum("bhgl,blhd->bhgd", scores.softmax(-1), v)
-    return out.reshape(B, Hq, D).to(q.dtype)
-
-
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int],
-                      scale: float) -> torch.Tensor:
-    """Causal attention within each of the packed sequences (some may be empty). q: [T, Hq, D], k/v: [T, Hk, D]."""
-    out, start = [], 0
-    for n in filter(None, seq_lens):
-        qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
-        out.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
-                                                  enable_gqa=True).transpose(0, 1))
-        start += n
-    return torch.cat(out, dim=0)
-
-
-# --- a decode step's per-row bookkeeping (the engine's state lives on the device, one row a sequence)
-FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
-
-
-def decode_inputs(rows: torch.Tensor, position: torch.Tensor, last_token: torch.Tensor,
-                  block_tables: torch.Tensor, scratch: int, block_size: int):
-    """Gather a decode step's inputs from the per-row state. rows [B] int64 (`scratch`: padding) ->
-    positions [B] int64, cache slots [B] int64 (-1 for padding), context lengths [B] int32 (0 for
-    padding), block tables [B, max_blocks] int32, the tokens to feed [B] int64."""
-    pos = position[rows]
-    valid = rows != scratch
-    block = block_tables[rows, pos // block_size].long()
-    slots = torch.where(valid, block * block_size + pos % block_size, -1)
-    return pos, slots, torch.where(valid, pos + 1, 0).int(), block_tables[rows], last_token[rows]
-
-
-def decode_finish(tokens: torch.Tensor, rows: torch.Tensor, out_count: torch.Tensor, min_tokens: torch.Tensor,
-                  max_tokens: torch.Tensor, stop_ids: torch.Tensor, last_token: torch.Tensor, position: torch.Tensor,
-                  scratch: int, out: torch.Tensor, advance: bool, write_token: bool) -> None:
-    """After sampling tokens [B] for rows [B]: each row's finish code into out[-1] (FINISH_STOP: a stop
-    id [rows, S] (-1: none) after min_tokens outputs; FINISH_LENGTH: max_tokens reached), its token
-    into out[0] (`write_token`), and its state advanced: last token, output count and, with `advance`
-    (a decode step), its position, except for the padding row."""
-    count = out_count[rows] + 1
-    stop = (tokens[:, None] == stop_ids[rows]).any(-1) & (count > min_tokens[rows])
-    code = torch.where(stop, FINISH_STOP, torch.where(count >= max_tokens[rows], FINISH_LENGTH, FINISH_NONE))
-    last_token[rows] = tokens
-    out_count[rows] = count
-    if advance:
-        pos = position[rows]
-        position[rows] = torch.where(rows != scratch, pos + 1, pos)
-    if write_token:
-        out[0] = tokens
-    out[-1] = code
