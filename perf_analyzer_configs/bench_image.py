@@ -43,7 +43,7 @@ from triton_omni.converters.schema import load_ensemble  # noqa: E402
 from triton_omni.converters.tiny import synthetic_tokenizer  # noqa: E402
 from perf_analyzer_configs.bench_ar_decode import QWEN3_COMMON, SPECIALS, percentile  # noqa: E402
 from triton_omni.image.checkpoint import load_scheduler, load_tokenizer  # noqa: E402
-from triton_omni.image.z_image_transformer import ZImageContext  # noqa: E402
+from triton_omni.image.z_image.transformer import ZImageContext  # noqa: E402
 from triton_omni.runtime.params import parse_params  # noqa: E402
 from triton_omni.runtime.step import Request, StepContext  # noqa: E402
 
