@@ -18,7 +18,7 @@ import pytest
 import torch
 from tritonclient.utils import InferenceServerException
 
-from triton_omni.image.bagel_model import BagelConfig, BagelGenerator, schedule, unpatchify
+from triton_omni.image.bagel.model import BagelConfig, BagelGenerator, schedule, unpatchify
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.step import Request
 from tests.conftest import ROOT, TINY, rounds_until_batched, running_server

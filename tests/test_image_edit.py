@@ -25,7 +25,8 @@ from tritonclient.utils import InferenceServerException
 from triton_omni.client.image import ImageClient
 from triton_omni.client.tensors import make_inputs
 from triton_omni.converters.schema import load_ensemble
-from triton_omni.image.qwen_image import calculate_dimensions, processor_from_parts, unpack
+from triton_omni.image.edit import processor_from_parts
+from triton_omni.image.qwen_image.steps import calculate_dimensions, unpack
 from triton_omni.media.image import encode_image
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.params import parse_params

@@ -22,8 +22,8 @@ from tritonclient.utils import InferenceServerException
 
 from triton_omni.converters.schema import load_ensemble
 from triton_omni.image.checkpoint import load_component
-from triton_omni.image.joyimage import nearest_bucket, release_buckets
-from triton_omni.image.qwen_image import processor_from_parts
+from triton_omni.image.edit import processor_from_parts
+from triton_omni.image.joyimage.steps import nearest_bucket, release_buckets
 from triton_omni.media.image import encode_image
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.params import parse_params

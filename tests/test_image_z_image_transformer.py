@@ -1,10 +1,10 @@
-"""The Z-Image transformer's split forward (python_backends/image/z_image_transformer.py) equals
+"""The Z-Image transformer's split forward (python_backends/image/z_image/transformer.py) equals
 diffusers' ZImageTransformer2DModel.forward: captions of different padded lengths (key masks and a
 gathered [image, caption] layout), image grids with and without pad tokens, per-item timesteps."""
 import pytest
 import torch
 
-from triton_omni.image import z_image_transformer
+from triton_omni.image.z_image import transformer as z_image_transformer
 
 
 @pytest.fixture(scope="module")

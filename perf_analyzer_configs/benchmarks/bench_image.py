@@ -39,7 +39,7 @@ from perf_analyzer_configs.benchmarks.common import (ROOT, device_name, percenti
 from triton_omni.converters.schema import load_ensemble
 from triton_omni.converters.tiny import synthetic_tokenizer
 from triton_omni.image.checkpoint import load_scheduler, load_tokenizer
-from triton_omni.image.z_image_transformer import ZImageContext
+from triton_omni.image.z_image.transformer import ZImageContext
 from triton_omni.runtime.params import parse_params
 from triton_omni.runtime.step import Request, StepContext
 

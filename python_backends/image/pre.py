@@ -5,6 +5,8 @@ format) for the GPU steps, and the prompt (and, when the request uses classifier
 the negative prompt) tokenized exactly as the diffusers pipeline does: the chat template, then
 padding to `max_sequence_length`. Which guidance values switch the negative branch on is the
 model's rule (`uses_cfg`), so no later step encodes or denoises a branch that is never used.
+Each model family registers its own subclass (z_image, flux2); the edit models and BAGEL write their
+own pre steps on the request tensors defined here.
 """
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from triton_omni.image.checkpoint import load_tokenizer, model_index, pipeline_folder, vae_scale_factor
+from triton_omni.image.checkpoint import load_tokenizer, pipeline_folder, vae_scale_factor
 from triton_omni.image.request import ImageLimits, ImageRequest, parse_request
 from triton_omni.runtime.spec import TensorSpec
-from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
+from triton_omni.runtime.step import Request, Step, StepContext, string_array
 
 def settings_tensors(r: ImageRequest, width: int | None = None, height: int | None = None) -> dict:
     """The request's settings as the typed tensors every later step reads (`width`/`height`: the
@@ -91,25 +93,3 @@ class ImagePre(Step):
         r: ImageRequest = parse_request(req, self.multiple, self.limits)
         ids, mask = self.tokenize([r.prompt, r.negative_prompt] if self.uses_cfg(r.guidance_scale) else [r.prompt])
         return {"text_ids": ids, "text_mask": mask, **settings_tensors(r)}
-
-
-
-@register("z_image_pre")
-class ZImagePre(ImagePre):
-    enable_thinking = True
-
-    def uses_cfg(self, guidance_scale: float) -> bool:
-        return guidance_scale > 0           # ZImagePipeline: CFG whenever the scale is above zero
-
-
-@register("flux2_klein_pre")
-class Flux2KleinPre(ImagePre):
-    enable_thinking = False
-
-    def __init__(self, ctx: StepContext):
-        super().__init__(ctx)
-        # Step-distilled checkpoints (FLUX.2-klein-4B/9B) ignore guidance; the base ones use CFG above 1.
-        self.distilled = bool(model_index(self.folder).get("is_distilled", False))
-
-    def uses_cfg(self, guidance_scale: float) -> bool:
-        return guidance_scale > 1 and not self.distilled

@@ -33,8 +33,9 @@ import torch
 
 from triton_omni.image.checkpoint import load_component, pipeline_folder, vae_scale_factor
 from triton_omni.image.denoise import DenoiseStep, Job
+from triton_omni.image.edit import (CONDITION_INPUTS, IMAGE_PAD, VISION_TOKENS, EditModelParams, EditTextEncoder,
+                                    EditTextEncoderParams, OneFrameVaeDecode, host, latent_stats)
 from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
-from triton_omni.image.qwen_image import QwenEditTextEncoder, QwenEditVaeDecode, host, latent_stats
 from triton_omni.image.request import ImageLimits, parse_request
 from triton_omni.image.tensors import group_by, to_output, to_torch
 from triton_omni.media.image import ImageDecodeError, decode_image
@@ -47,8 +48,6 @@ from triton_omni.runtime.step import Request, Step, StepContext, register
 TEMPLATE = ("<|im_start|>system\n \\nDescribe the image by detailing the color, shape, size, texture, quantity, "
             "text, spatial relationships of the objects and background:<|im_end|>\n"
             "<|im_start|>user\n<|vision_start|>{image}<|vision_end|>{prompt}<|im_end|>\n<|im_start|>assistant\n")
-IMAGE_PAD = "<|image_pad|>"
-VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,20 +164,11 @@ class JoyEditPre(Step):
 
 
 # -- VAE encode ----------------------------------------------------------------------------------------
-@dataclass
-class JoyEditModelParams:
-    checkpoint: str = ""
-    dtype: str = "float32"
-
-
 @register("joyai_image_edit_vae_encode")
 class JoyEditVaeEncode(Step):
-    inputs = (
-        TensorSpec("condition_pixels", "TYPE_UINT8", (-1,), ragged=True),
-        TensorSpec("condition_sizes", "TYPE_INT32", (-1, 2), ragged=True),
-    )
+    inputs = CONDITION_INPUTS
     outputs = (TensorSpec("image_latents", "TYPE_FP32", (-1, -1, -1)),)     # [C, h, w], normalised
-    Params = JoyEditModelParams
+    Params = EditModelParams
 
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
@@ -210,14 +200,14 @@ class JoyEditVaeEncode(Step):
 
 # -- text encoder --------------------------------------------------------------------------------------
 @dataclass
-class JoyEditTextEncoderParams(JoyEditModelParams):
+class JoyEditTextEncoderParams(EditTextEncoderParams):
     drop_tokens: int = 34        # the pipeline's prompt_template_encode_start_idx: the system prompt's tokens
 
 
 @register("joyai_image_edit_text_encoder")
-class JoyEditTextEncoder(QwenEditTextEncoder):
-    """QwenEditTextEncoder's batching (every prompt and negative row in one padded call) with this
-    model's embeddings: the last decoder layer's output before the final norm."""
+class JoyEditTextEncoder(EditTextEncoder):
+    """The shared edit text encoder's batching (every prompt and negative row in one padded call) with
+    this model's embeddings: the last decoder layer's output before the final norm."""
     Params = JoyEditTextEncoderParams
 
     def __init__(self, ctx: StepContext):
@@ -308,8 +298,8 @@ class JoyEditDenoise(DenoiseStep):
 
 # -- VAE decode ----------------------------------------------------------------------------------------
 @register("joyai_image_edit_vae_decode")
-class JoyEditVaeDecode(QwenEditVaeDecode):
-    """Qwen-Image-Edit's one-frame decode of a Wan-family VAE, with this pipeline's denormalisation."""
+class JoyEditVaeDecode(OneFrameVaeDecode):
+    """The one-frame decode of a Wan-family VAE, with this pipeline's denormalisation."""
 
     def to_vae_space(self, latents: torch.Tensor) -> torch.Tensor:
         mean, std = latent_stats(self.vae, latents.device, latents.dtype)

@@ -1,5 +1,7 @@
-"""FLUX.2-klein: the text encoder, denoise and VAE decode steps, after diffusers' `Flux2KleinPipeline`.
+"""FLUX.2-klein: the pre, text encoder, denoise and VAE decode steps, after diffusers' `Flux2KleinPipeline`.
 
+pre           the shared tokenizing pre step (image/pre.py), no thinking flag; CFG for guidance > 1
+              unless model_index.json marks the checkpoint step-distilled.
 text encoder  Qwen3: hidden states of layers 9, 18 and 27 stacked per token -> [512, 3 * D]; the
               layers past 27 are not run. The padded positions are part of the conditioning (the
               transformer attends to all of them), so every prompt keeps the full `max_sequence_length`.
@@ -15,10 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from triton_omni.image.checkpoint import model_index
 from triton_omni.image.denoise import DenoiseStep, Job
+from triton_omni.image.pre import ImagePre
 from triton_omni.image.text_encoder import TextEncoderParams, TextEncoderStep
 from triton_omni.image.vae import VaeDecodeStep
-from triton_omni.runtime.step import register
+from triton_omni.runtime.step import StepContext, register
 
 def _pipeline():
     """diffusers' Flux2KleinPipeline module (imported when a FLUX.2 step runs, not when the converter
@@ -31,6 +35,19 @@ def _pipeline():
 @dataclass
 class Flux2TextEncoderParams(TextEncoderParams):
     hidden_states_layers: list[int] = field(default_factory=lambda: [9, 18, 27])
+
+
+@register("flux2_klein_pre")
+class Flux2KleinPre(ImagePre):
+    enable_thinking = False
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        # Step-distilled checkpoints (FLUX.2-klein-4B/9B) ignore guidance; the base ones use CFG above 1.
+        self.distilled = bool(model_index(self.folder).get("is_distilled", False))
+
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        return guidance_scale > 1 and not self.distilled
 
 
 @register("flux2_klein_text_encoder")

@@ -1,5 +1,5 @@
 """BAGEL text to image (route image_generation): the steps of the release's text-to-image inference
-(ByteDance-Seed/Bagel, `InterleaveInferencer` with a text prompt), over the model in bagel_model.py.
+(ByteDance-Seed/Bagel, `InterleaveInferencer` with a text prompt), over the model in model.py.
 
 pre           checks the request; sizes snap down to multiples of 16 (VAE 8x, 2x2 latent patches) and may
               not exceed the latent position table (64 patches = 1024 px a side in the release). Tokenizes
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from triton_omni.image.bagel_model import load_autoencoder, load_generator, release_folder, schedule, unpatchify
+from triton_omni.image.bagel.model import load_autoencoder, load_generator, release_folder, schedule, unpatchify
 from triton_omni.image.denoise import DenoiseStep, Job
 from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
 from triton_omni.image.request import ImageLimits, parse_request, parse_size

@@ -1,10 +1,12 @@
-"""Z-Image (Turbo): the text encoder, denoise and VAE decode steps, after diffusers' `ZImagePipeline`.
+"""Z-Image (Turbo): the pre, text encoder, denoise and VAE decode steps, after diffusers' `ZImagePipeline`.
 
+pre           the shared tokenizing pre step (image/pre.py) with the chat template's thinking flag on;
+              CFG for guidance > 0.
 text encoder  Qwen3 (base model); the embeddings are the second-to-last hidden state at the
               prompt's real tokens (padding dropped), so each prompt has its own length; the
               last layer is not run.
 denoise       ZImageTransformer2DModel, which takes lists of latents and captions of any lengths; its
-              forward runs split (z_image_transformer.py): the captions' refinement, RoPE tables and
+              forward runs split (transformer.py): the captions' refinement, RoPE tables and
               masks once per group, the timestep-dependent blocks at every step.
               Sigmas linspace(1, 1/N, N) through the checkpoint's FlowMatchEulerDiscreteScheduler;
               the model sees t' = (1000 - t) / 1000 and predicts the negated velocity;
@@ -19,10 +21,19 @@ import numpy as np
 import torch
 
 from triton_omni.image.denoise import DenoiseParams, DenoiseStep, Job
-from triton_omni.image import z_image_transformer
+from triton_omni.image.pre import ImagePre
 from triton_omni.image.text_encoder import TextEncoderStep
 from triton_omni.image.vae import VaeDecodeStep
+from triton_omni.image.z_image import transformer
 from triton_omni.runtime.step import register
+
+
+@register("z_image_pre")
+class ZImagePre(ImagePre):
+    enable_thinking = True
+
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        return guidance_scale > 0           # ZImagePipeline: CFG whenever the scale is above zero
 
 
 @register("z_image_text_encoder")
@@ -53,9 +64,9 @@ class ZImageDenoise(DenoiseStep):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.split_forward = z_image_transformer.SplitForward(self.transformer)
+        self.split_forward = transformer.SplitForward(self.transformer)
         if self.compiled:      # compiled blocks: RoPE in real arithmetic (inductor has no complex codegen)
-            z_image_transformer.use_real_rotary(self.transformer)
+            transformer.use_real_rotary(self.transformer)
 
     def latent_shape(self, job: Job) -> tuple[int, ...]:
         s = self.vae_scale * 2
@@ -85,11 +96,11 @@ class ZImageDenoise(DenoiseStep):
         captions = [j.prompt for j in jobs for _ in range(j.n)]
         g = self.guidance(jobs)
         scale = g.scale.view(-1, 1, 1, 1) if g.rows is not None else None
-        contexts: dict[bool, z_image_transformer.ZImageContext] = {}     # without / with the CFG rows
+        contexts: dict[bool, transformer.ZImageContext] = {}     # without / with the CFG rows
 
-        def context(with_cfg: bool) -> z_image_transformer.ZImageContext:
+        def context(with_cfg: bool) -> transformer.ZImageContext:
             if with_cfg not in contexts:
-                contexts[with_cfg] = z_image_transformer.prepare(
+                contexts[with_cfg] = transformer.prepare(
                     self.transformer, captions + (g.negatives if with_cfg else []), (1, h, w),
                     real_rotary=self.compiled)
             return contexts[with_cfg]
