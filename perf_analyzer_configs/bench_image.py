@@ -40,7 +40,7 @@ from perf_analyzer_configs.merge import merge_parts  # noqa: E402
 import triton_omni.image.text_encoder  # noqa: E402
 import triton_omni.image.vae  # noqa: E402
 from triton_omni.converters.schema import load_ensemble  # noqa: E402
-from triton_omni.converters.tiny import synthetic_tokenizer  # noqa: E402
+from triton_omni.converters.tiny_common import synthetic_tokenizer  # noqa: E402
 from perf_analyzer_configs.bench_ar_decode import QWEN3_COMMON, SPECIALS, percentile  # noqa: E402
 from triton_omni.image.checkpoint import load_scheduler, load_tokenizer  # noqa: E402
 from triton_omni.image.z_image_transformer import ZImageContext  # noqa: E402

@@ -110,6 +110,18 @@ def test_client_imports_no_serving_or_converter_module():
     assert not reached, "client/ must stand apart from the serving code:\n" + "\n".join(reached)
 
 
+def test_tiny_builders_share_only_the_common_module():
+    # converters/tiny.py is the entry point that imports every builder; a builder importing it (or
+    # another builder) would be a cycle or a hidden dependency: what they share is tiny_common
+    borrowed = [f"{path.relative_to(ROOT)} imports {name}"
+                for path in sorted((ROOT / "converters").glob("tiny_*.py"))
+                for name in sorted(imported_modules(path))
+                if _is_under(name, ["triton_omni.converters.tiny"]) or (
+                    name.startswith("triton_omni.converters.tiny_")
+                    and not _is_under(name, ["triton_omni.converters.tiny_common"]))]
+    assert not borrowed, "tiny builders import the entry point or each other:\n" + "\n".join(borrowed)
+
+
 BLOCKER = """
 import sys
 class Blocked:
