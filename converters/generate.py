@@ -95,6 +95,8 @@ def _io(msg_cls, spec: TensorSpec, with_flags: bool):
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FORCE_CPU_ONLY = "FORCE_CPU_ONLY_INPUT_TENSORS"     # a python-backend setting, not a step parameter
+# config.pbtxt parameters of the model clients call (client/openai_proxy/models.py reads them)
+OPENAI_ROUTE, OPENAI_DESCRIPTION = "openai_route", "openai_description"
 
 
 def _locate(value: str, out: Path) -> str:
@@ -147,7 +149,17 @@ def front_config(cfg: EnsembleConfig, wiring: Wiring, target: str) -> mc.ModelCo
     m.model_transaction_policy.decoupled = True
     m.parameters["ensemble"].string_value = ensemble_name(cfg)
     m.parameters["abort_models"].string_value = ",".join(streaming_steps(cfg))
+    _describe_route(m, cfg)
     return m
+
+
+def _describe_route(m: mc.ModelConfig, cfg: EnsembleConfig) -> None:
+    """What the OpenAI proxy reads, on the model clients call, through Triton's model-config API: so
+    the proxy needs only the server's address, never the YAMLs or this package."""
+    route = cfg.openai.get("route")
+    if route is not None:
+        m.parameters[OPENAI_ROUTE].string_value = route
+        m.parameters[OPENAI_DESCRIPTION].string_value = cfg.description
 
 
 def ensemble_config(cfg: EnsembleConfig, wiring: Wiring) -> mc.ModelConfig:
@@ -162,6 +174,8 @@ def ensemble_config(cfg: EnsembleConfig, wiring: Wiring) -> mc.ModelConfig:
             s.input_map[k] = v
         for k, v in wiring.step_outputs[step.key].items():
             s.output_map[k] = v
+    if ensemble_name(cfg) == cfg.name:     # no front: clients call the ensemble itself
+        _describe_route(m, cfg)
     return m
 
 

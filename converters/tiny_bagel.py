@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from triton_omni.converters.tiny_image import _qwen2_tokenizer
+from triton_omni.converters.tiny_common import qwen2_tokenizer
 
 LATENT_CHANNELS = 16
 PATCH = 2
@@ -193,7 +193,7 @@ def autoencoder_weights(g: torch.Generator) -> dict[str, torch.Tensor]:
 def bagel(out: Path) -> None:
     from safetensors.torch import save_file
 
-    tokenizer = _qwen2_tokenizer()
+    tokenizer = qwen2_tokenizer()
     tokenizer.save_pretrained(str(out))
     llm = llm_config(len(tokenizer))
     vit = vit_config()

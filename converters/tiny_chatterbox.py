@@ -104,14 +104,14 @@ def voice_encoders(g: torch.Generator) -> dict[str, torch.nn.Module]:
 def chatterbox(out: Path, seed: int = 31) -> None:
     from safetensors.torch import save_file
 
-    from triton_omni.converters.tiny import _randomize
+    from triton_omni.converters.tiny_common import randomize
     from triton_omni.tts.chatterbox import T3
     from triton_omni.tts.chatterbox_s3gen import S3Gen
 
     chatterbox_tokenizer(out)
     torch.manual_seed(seed)
     t3 = T3(TINY_CONFIG["t3"])
-    _randomize(t3, seed=seed, std=0.25)
+    randomize(t3, seed=seed, std=0.25)
     with torch.no_grad():
         t3.speech_head.weight.mul_(2.0)                  # confident, varied token choices
     save_file({k: v.contiguous() for k, v in t3.state_dict().items()}, str(out / "t3_cfg.safetensors"))

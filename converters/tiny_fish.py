@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from triton_omni.converters.tiny import CORPUS
+from triton_omni.converters.tiny_common import CORPUS
 
 NUM_CODEBOOKS, CODEBOOK_SIZE = 4, 64                  # release: 10, 4096
 SPECIALS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>", "<|phoneme_start|>", "<|phoneme_end|>",

@@ -14,11 +14,7 @@ from pathlib import Path
 
 import torch
 
-
-def _seeded(seed: int, make):
-    """Build a model under a fixed seed, so its default initialisation is reproducible."""
-    torch.manual_seed(seed)
-    return make()
+from triton_omni.converters.tiny_common import build_tokenizer, qwen2_tokenizer, randomize, seeded
 
 
 def _tiny_vae_blocks() -> dict:
@@ -36,22 +32,9 @@ def _qwen3_config(tokenizer, num_layers: int):
                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
 
 
-def _text_encoder(model, seed: int, std: float = 0.25):
-    """Weights large enough that different prompts give visibly different images (default init
-    leaves every hidden state nearly the same); norms near 1."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight")
-                    else std * torch.randn(p.shape, generator=g))
-    return model
-
-
 def _tokenizer():
     """The project's tiny byte-level BPE (Qwen special tokens, ChatML template); the pipeline saves it."""
     import tempfile
-
-    from triton_omni.converters.tiny import build_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         return build_tokenizer(Path(tmp))
@@ -64,8 +47,8 @@ def z_image_turbo(out: Path) -> None:
     from transformers import Qwen3Model
 
     tokenizer = _tokenizer()
-    text_encoder = _text_encoder(Qwen3Model(_qwen3_config(tokenizer, num_layers=3)), seed=1)
-    transformer = _seeded(2, lambda: ZImageTransformer2DModel(
+    text_encoder = randomize(Qwen3Model(_qwen3_config(tokenizer, num_layers=3)), seed=1)
+    transformer = seeded(2, lambda: ZImageTransformer2DModel(
         all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=64, n_layers=2, n_refiner_layers=1,
         n_heads=2, n_kv_heads=2, norm_eps=1e-5, qk_norm=True, cap_feat_dim=32, rope_theta=256.0, t_scale=1000.0,
         axes_dims=[8, 12, 12], axes_lens=[1024, 256, 256]))
@@ -75,9 +58,9 @@ def z_image_turbo(out: Path) -> None:
     with torch.no_grad():
         transformer.x_pad_token.copy_(torch.randn(transformer.x_pad_token.shape, generator=g))
         transformer.cap_pad_token.copy_(torch.randn(transformer.cap_pad_token.shape, generator=g))
-    vae = _seeded(3, lambda: AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16, scaling_factor=0.3611,
-                                           shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False,
-                                           **_tiny_vae_blocks()))
+    vae = seeded(3, lambda: AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16, scaling_factor=0.3611,
+                                          shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False,
+                                          **_tiny_vae_blocks()))
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
     pipe = ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                           transformer=transformer)
@@ -94,9 +77,9 @@ def flux2_klein(out: Path) -> None:
 
     tokenizer = _tokenizer()
     # 28 layers: the pipeline reads hidden states 9, 18 and 27, as from the real 36-layer encoder.
-    text_encoder = _text_encoder(Qwen3ForCausalLM(_qwen3_config(tokenizer, num_layers=28)), seed=4)
+    text_encoder = randomize(Qwen3ForCausalLM(_qwen3_config(tokenizer, num_layers=28)), seed=4)
     latent_channels = 8
-    transformer = _seeded(5, lambda: Flux2Transformer2DModel(
+    transformer = seeded(5, lambda: Flux2Transformer2DModel(
         patch_size=1, in_channels=4 * latent_channels, num_layers=1, num_single_layers=1, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=3 * 32, timestep_guidance_channels=256, mlp_ratio=3.0,
         axes_dims_rope=(4, 4, 4, 4), rope_theta=2000, guidance_embeds=False))
@@ -108,8 +91,8 @@ def flux2_klein(out: Path) -> None:
                 p.mul_(4.0)
             elif any(k in name for k in ("to_v.", "add_v_proj", "to_out", "to_add_out")):
                 p.mul_(2.0)
-    vae = _seeded(6, lambda: AutoencoderKLFlux2(in_channels=3, out_channels=3, latent_channels=latent_channels,
-                                                patch_size=(2, 2), **_tiny_vae_blocks()))
+    vae = seeded(6, lambda: AutoencoderKLFlux2(in_channels=3, out_channels=3, latent_channels=latent_channels,
+                                               patch_size=(2, 2), **_tiny_vae_blocks()))
     # Latent statistics that are not the identity, so (de)normalisation is visible in the output.
     g = torch.Generator().manual_seed(60)
     with torch.no_grad():
@@ -121,36 +104,6 @@ def flux2_klein(out: Path) -> None:
     pipe = Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               transformer=transformer, is_distilled=False)
     pipe.save_pretrained(str(out))
-
-
-# Qwen-Image-Edit's system prompt (the pipeline's template), in the tokenizer's corpus so it takes
-# whole-word pieces rather than single bytes.
-QWEN_EDIT_SYSTEM = ("Describe the key features of the input image (color, shape, size, texture, objects, background), "
-                    "then explain how the user's text instruction should alter or modify the image. Generate a new "
-                    "image that meets the user's requirements while maintaining consistency with the original input "
-                    "where appropriate.")
-QWEN_VL_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                   "<|image_pad|>", "<|video_pad|>"]
-
-
-def _qwen2_tokenizer():
-    """A `Qwen2Tokenizer` (the release's class: Qwen's pre-tokenizer regex, byte-level BPE) with a tiny
-    trained vocabulary and the vision special tokens the processor and the text encoder look up."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-
-    from triton_omni.converters.tiny import CORPUS
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=QWEN_VL_SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator((CORPUS + [QWEN_EDIT_SYSTEM]) * 4, trainer)
-    trained = json.loads(bpe.to_str())["model"]
-    tokenizer = Qwen2Tokenizer(vocab=trained["vocab"], merges=[tuple(m) for m in trained["merges"]],
-                               eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VL_SPECIAL[1:]})
-    return tokenizer
 
 
 def qwen_image_edit(out: Path) -> None:
@@ -167,7 +120,7 @@ def qwen_image_edit(out: Path) -> None:
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    tokenizer = _qwen2_tokenizer()
+    tokenizer = qwen2_tokenizer()
     token = tokenizer.convert_tokens_to_ids
     hidden = 32
     config = Qwen2_5_VLConfig(
@@ -182,13 +135,13 @@ def qwen_image_edit(out: Path) -> None:
                            fullatt_block_indexes=[1], in_channels=3),
         image_token_id=token("<|image_pad|>"), video_token_id=token("<|video_pad|>"),
         vision_start_token_id=token("<|vision_start|>"), vision_end_token_id=token("<|vision_end|>"))
-    text_encoder = _text_encoder(Qwen2_5_VLForConditionalGeneration(config), seed=7, std=0.1)
+    text_encoder = randomize(Qwen2_5_VLForConditionalGeneration(config), seed=7, std=0.1)
     # 16 latent channels as released (in_channels = 16 x the 2x2 patch); axes_dims_rope sums to the head dim.
-    transformer = _seeded(8, lambda: QwenImageTransformer2DModel(
+    transformer = seeded(8, lambda: QwenImageTransformer2DModel(
         patch_size=2, in_channels=64, out_channels=16, num_layers=2, attention_head_dim=16, num_attention_heads=2,
         joint_attention_dim=hidden, axes_dims_rope=(4, 6, 6)))
     # Three temporal downsamplings as released: vae_scale_factor 8. Default latents_mean/std are the release's.
-    vae = _seeded(9, lambda: AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1))
+    vae = seeded(9, lambda: AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1))
     scheduler = FlowMatchEulerDiscreteScheduler(   # scheduler_config.json of Qwen/Qwen-Image-Edit
         num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
         base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02, time_shift_type="exponential",

@@ -14,31 +14,11 @@ from pathlib import Path
 
 import torch
 
-from triton_omni.converters.tiny_image import QWEN_VL_SPECIAL, _seeded, _text_encoder
+from triton_omni.converters.tiny_common import qwen2_tokenizer, randomize, seeded
 
 # The pipeline's system prompt, in the tokenizer's corpus so it takes whole-word pieces.
 JOY_SYSTEM = ("Describe the image by detailing the color, shape, size, texture, quantity, text, spatial "
               "relationships of the objects and background:")
-
-
-def _tokenizer():
-    """A `Qwen2Tokenizer` (the class the pipeline names) with a tiny trained vocabulary and the vision
-    special tokens the processor and the text encoder look up."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-
-    from triton_omni.converters.tiny import CORPUS
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=QWEN_VL_SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator((CORPUS + [JOY_SYSTEM]) * 4, trainer)
-    trained = json.loads(bpe.to_str())["model"]
-    tokenizer = Qwen2Tokenizer(vocab=trained["vocab"], merges=[tuple(m) for m in trained["merges"]],
-                               eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VL_SPECIAL[1:]})
-    return tokenizer
 
 
 def joyai_image_edit(out: Path) -> None:
@@ -55,7 +35,7 @@ def joyai_image_edit(out: Path) -> None:
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    tokenizer = _tokenizer()
+    tokenizer = qwen2_tokenizer(JOY_SYSTEM)
     token = tokenizer.convert_tokens_to_ids
     hidden = 32
     config = Qwen3VLConfig(
@@ -70,9 +50,9 @@ def joyai_image_edit(out: Path) -> None:
                            deepstack_visual_indexes=[0], in_channels=3),
         image_token_id=token("<|image_pad|>"), video_token_id=token("<|video_pad|>"),
         vision_start_token_id=token("<|vision_start|>"), vision_end_token_id=token("<|vision_end|>"))
-    text_encoder = _text_encoder(Qwen3VLForConditionalGeneration(config), seed=11, std=0.1)
+    text_encoder = randomize(Qwen3VLForConditionalGeneration(config), seed=11, std=0.1)
     # head dim 16 = rope_dim_list's sum; text_dim is the encoder's hidden size.
-    transformer = _seeded(12, lambda: JoyImageEditTransformer3DModel(
+    transformer = seeded(12, lambda: JoyImageEditTransformer3DModel(
         patch_size=[1, 2, 2], in_channels=16, hidden_size=32, num_attention_heads=2, text_dim=hidden,
         num_layers=2, rope_dim_list=[4, 6, 6], theta=256))
     # The modulation tables start at zero; small random values make every block's shift, scale and
@@ -83,8 +63,8 @@ def joyai_image_edit(out: Path) -> None:
             if name.endswith("modulate_table"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
     # Three spatial downsamplings as released (8x); default latents_mean/std are the Wan 2.1 VAE's.
-    vae = _seeded(13, lambda: AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
-                                               temperal_downsample=[False, True, True]))
+    vae = seeded(13, lambda: AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                                              temperal_downsample=[False, True, True]))
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
     pipe = JoyImageEditPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                                 transformer=transformer, processor=None)

@@ -44,19 +44,9 @@ CODEC_TINY_CONFIG = {
 
 
 def omnivoice_tokenizer(out: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from triton_omni.converters.tiny_common import CORPUS, train_bpe
 
-    from triton_omni.converters.tiny import CORPUS
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS * 4 + ["female, male, british accent, low pitch, [laughter] [sigh]"] * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=PROMPT_TOKENS)
+    fast = train_bpe(CORPUS * 4 + ["female, male, british accent, low pitch, [laughter] [sigh]"] * 4, PROMPT_TOKENS)
     fast.save_pretrained(str(out))
     return fast
 
@@ -110,7 +100,7 @@ def omnivoice(out: Path, seed: int = 23) -> None:
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3Model
 
-    from triton_omni.converters.tiny import _randomize
+    from triton_omni.converters.tiny_common import randomize
 
     tokenizer = omnivoice_tokenizer(out)
     # the embedding table is larger than the tokenizer (as Qwen3's): the release embeds every position
@@ -120,7 +110,7 @@ def omnivoice(out: Path, seed: int = 23) -> None:
                              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     llm = Qwen3Model(llm_config)
-    _randomize(llm, seed=seed, std=0.25)
+    randomize(llm, seed=seed, std=0.25)
     g = torch.Generator().manual_seed(seed + 1)
     rows, hidden = AUDIO["num_audio_codebook"] * AUDIO["audio_vocab_size"], llm_config.hidden_size
     state = {f"llm.{k}": v.contiguous() for k, v in llm.state_dict().items()}

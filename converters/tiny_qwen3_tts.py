@@ -78,7 +78,7 @@ def build_tokenizer(out: Path) -> dict[str, int]:
     """Writes the tokenizer files; returns the special tokens' ids."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    from triton_omni.converters.tiny import CORPUS
+    from triton_omni.converters.tiny_common import CORPUS
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + TTS_SPECIALS
     tok = Tokenizer(models.BPE())

@@ -28,7 +28,7 @@ def orpheus_tokenizer(out: Path):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from triton_omni.converters.tiny import CORPUS
+    from triton_omni.converters.tiny_common import CORPUS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -50,7 +50,7 @@ def orpheus_tokenizer(out: Path):
 def orpheus(out: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from triton_omni.converters.tiny import _randomize
+    from triton_omni.converters.tiny_common import randomize
 
     tokenizer = orpheus_tokenizer(out)
     eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
@@ -62,7 +62,7 @@ def orpheus(out: Path) -> None:
                                           "original_max_position_embeddings": 1024},
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=eot, pad_token_id=tokenizer.pad_token_id)
     model = LlamaForCausalLM(config)
-    _randomize(model, seed=7, std=0.25)
+    randomize(model, seed=7, std=0.25)
     model.save_pretrained(str(out))
     end_of_speech = tokenizer.convert_tokens_to_ids("<custom_token_2>")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [eot, end_of_speech]}, indent=2))

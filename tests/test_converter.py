@@ -65,6 +65,20 @@ def test_every_generated_config_parses_and_wires(tmp_path):
     assert parsed["qwen3_chat_pre"].instance_group[0].count == 4    # the YAML's {cpu: 1, gpu: 4}
 
 
+def test_the_model_clients_call_carries_its_openai_route(tmp_path):
+    # the proxy learns routes from Triton's model configs (client/openai_proxy/models.py)
+    configs = load_configs(["qwen3_chat", "kokoro_tts"], [], [])
+    models = write_repository(configs, tmp_path, "cpu")
+    routes = {}
+    for m in models:
+        params = text_format.Parse((tmp_path / m / "config.pbtxt").read_text(), mc.ModelConfig()).parameters
+        if "openai_route" in params:
+            routes[m] = (params["openai_route"].string_value, params["openai_description"].string_value)
+    described = {c.name: c.description for c in configs}
+    assert routes == {   # the streaming model's front, the other's ensemble; never a step
+        "qwen3_chat": ("chat", described["qwen3_chat"]), "kokoro_tts": ("speech", described["kokoro_tts"])}
+
+
 def test_cpu_target_and_overrides(tmp_path):
     write(tmp_path, GOOD.format(name="m"))
     cfg = load_ensemble(tmp_path / "m.yaml")

@@ -1,8 +1,10 @@
-"""The repository's shape: one import root (`triton_omni`), and model families that never import each other.
+"""The repository's shape: one import root (`triton_omni`), model families that never import each
+other, and clients that stand apart from the serving code.
 
 The top-level folders are mapped onto `triton_omni.*` (setup.py). These tests fail if one of them
-becomes a global import name again, if the built wheel stops carrying them, or if a model family
-starts borrowing from another family instead of a shared module.
+becomes a global import name again, if the built wheel stops carrying them, if a model family
+starts borrowing from another family instead of a shared module, or if client/ (CLI, OpenAI proxy)
+starts needing the serving steps, torch or the converter (it must run in a slim image).
 """
 from __future__ import annotations
 
@@ -22,6 +24,11 @@ MAPPED = {"python_backends": "triton_omni", "kernels": "triton_omni.kernels", "c
           "converters": "triton_omni.converters", "launcher": "triton_omni.launcher"}
 # folders whose subpackages are model families: a family imports shared modules, never a sibling
 FAMILY_PARENTS = ["python_backends/tts", "python_backends/image"]
+# what client/ must never import: every python_backends package (the serving steps), the kernels,
+# the converter, and the heavy libraries they pull in
+SERVING = sorted({f"triton_omni.{p.stem}" for p in (ROOT / "python_backends").iterdir()
+                  if (p / "__init__.py").exists() or p.suffix == ".py"}
+                 | {"triton_omni.kernels", "triton_omni.converters", "torch", "transformers", "triton"})
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -98,3 +105,47 @@ def test_wheel_carries_the_mapped_folders_and_imports_in_a_fresh_venv(tmp_path):
     out = subprocess.run([str(py), "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(site), f"imported from {out.stdout.strip()}, not the installed wheel"
+
+
+def _is_under(name: str, packages) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_client_imports_no_serving_or_converter_module():
+    reached = [f"{path.relative_to(ROOT)} imports {name}"
+               for path in sorted((ROOT / "client").rglob("*.py"))
+               for name in sorted(imported_modules(path)) if _is_under(name, SERVING)]
+    assert not reached, "client/ must stand apart from the serving code:\n" + "\n".join(reached)
+
+
+def test_tiny_builders_share_only_the_common_module():
+    # converters/tiny.py is the entry point that imports every builder; a builder importing it (or
+    # another builder) would be a cycle or a hidden dependency: what they share is tiny_common
+    borrowed = [f"{path.relative_to(ROOT)} imports {name}"
+                for path in sorted((ROOT / "converters").glob("tiny_*.py"))
+                for name in sorted(imported_modules(path))
+                if _is_under(name, ["triton_omni.converters.tiny"]) or (
+                    name.startswith("triton_omni.converters.tiny_")
+                    and not _is_under(name, ["triton_omni.converters.tiny_common"]))]
+    assert not borrowed, "tiny builders import the entry point or each other:\n" + "\n".join(borrowed)
+
+
+BLOCKER = """
+import sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == p or name.startswith(p + ".") for p in {blocked!r}):
+            raise ImportError(f"blocked for this test: {{name}}")
+sys.meta_path.insert(0, Blocked())
+from triton_omni.client.openai_proxy.app import create_app
+from triton_omni.client.openai_proxy.context import Settings
+import triton_omni.client.cli
+create_app(Settings())
+print("ok")
+"""
+
+
+def test_proxy_app_runs_without_torch_or_the_serving_code():
+    code = BLOCKER.format(blocked=SERVING)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

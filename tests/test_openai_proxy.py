@@ -125,7 +125,7 @@ def metric(server, name: str, model: str) -> float:
 
 @pytest.mark.server
 def test_models_lists_what_triton_has_ready(sdk):
-    # Every YAML offers a model, but only qwen3_chat is loaded on this server.
+    # Every YAML with an openai route offers a model, but only qwen3_chat is loaded on this server.
     assert [m.id for m in sdk.models.list()] == ["qwen3_chat"]
     assert sdk.models.retrieve("qwen3_chat").owned_by == "triton-omni"
     with pytest.raises(openai.NotFoundError):
@@ -314,11 +314,18 @@ def _strings(*items: bytes) -> np.ndarray:
 class FakeGateway:
     """Stands in for TritonGateway: records (model, values) and answers canned outputs."""
 
-    def __init__(self, ready: set[str], replies: dict[str, list[dict]]):
-        self.ready, self.replies, self.calls = ready, replies, []
+    def __init__(self, routes: dict[str, str], replies: dict[str, list[dict]]):
+        self.routes, self.replies, self.calls = routes, replies, []
+        self.ready = set(routes) | {f"{name}_pre" for name in routes}   # steps: ready, but no route
 
     async def ready_models(self):
         return self.ready
+
+    async def model_config(self, name):
+        # as the converter writes the config of the model clients call
+        route = self.routes.get(name)
+        return {"name": name, "parameters": {} if route is None else {
+            "openai_route": {"string_value": route}, "openai_description": {"string_value": f"{name} (fake)"}}}
 
     async def live(self):
         return True
@@ -343,22 +350,16 @@ PCM = [b"\x01\x00" * 50, b"\x02\x00" * 30]
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
-    """The proxy app in-process (uvicorn in a thread) over YAMLs for every route and a fake gateway."""
+    """The proxy app in-process (uvicorn in a thread) over a fake gateway with a model for every route."""
     import uvicorn
 
     from triton_omni.client.openai_proxy.app import create_app
     from triton_omni.client.openai_proxy.context import Settings
-    from triton_omni.client.openai_proxy.models import ModelTable, load_models
+    from triton_omni.client.openai_proxy.models import ModelTable
 
     tmp = tmp_path_factory.mktemp("fake_proxy")
-    configs = tmp / "configs"
-    configs.mkdir()
-    template = (ROOT / "ensemble_configs" / "qwen3_chat.yaml").read_text()
-    for name, route in FAKE_ROUTES.items():   # any valid steps do: the fake gateway never runs them
-        (configs / f"{name}.yaml").write_text(template.replace("name: qwen3_chat", f"name: {name}")
-                                              .replace("openai: {route: chat}", f"openai: {{route: {route}}}"))
-    app = create_app(Settings(config_dir=configs, voices_dir=tmp / "voices"))
-    gateway = FakeGateway(set(FAKE_ROUTES), {
+    app = create_app(Settings(voices_dir=tmp / "voices"))
+    gateway = FakeGateway(FAKE_ROUTES, {
         "fake_tts": [{"audio": _strings(p), "sample_rate": np.array([24000], np.int32),
                       "finish_reason": _strings(b"stop" if i else b"")} for i, p in enumerate(PCM)],
         "fake_asr": [{"text": _strings("hello world".encode())}],
@@ -368,7 +369,7 @@ def fake(tmp_path_factory):
     })
     proxy = app.state.proxy
     proxy.gateway = proxy.videos.gateway = gateway
-    proxy.models = ModelTable(load_models(configs), gateway)
+    proxy.models = ModelTable(gateway)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -388,6 +389,14 @@ def fake(tmp_path_factory):
 
 def last_call(gateway):
     return gateway.calls[-1]
+
+
+def test_models_are_read_from_the_model_configs(fake):
+    sdk, _, _ = fake
+    listed = {m.id: m for m in sdk.models.list()}
+    assert set(listed) == set(FAKE_ROUTES)          # the ready steps have no route: not listed
+    assert {m.route for m in listed.values()} == set(FAKE_ROUTES.values())
+    assert listed["fake_tts"].description == "fake_tts (fake)"
 
 
 def test_speech_pcm_streams_raw_bytes_with_headers(fake):

@@ -48,6 +48,18 @@ def test_resolve_checks_context():
     assert r.seed is not None
 
 
+def test_the_resolved_form_round_trips_without_checks():
+    """The pre step resolves once; the AR step takes its JSON as it is (from_resolved) and the engine
+    checks only that it fits its own context."""
+    r = SamplingParams.from_dict({"top_k": 5, "stop": "x"}).resolve(prompt_len=4, max_model_len=20, vocab_size=100)
+    assert r.resolved and not SamplingParams().resolved
+    assert SamplingParams.from_resolved(r.to_dict()) == r
+    assert SamplingParams.from_resolved(None) == SamplingParams()
+    assert r.check_fits(prompt_len=4, max_model_len=20) == 16
+    with pytest.raises(InvalidInput, match="max_tokens': 16 does not fit"):
+        r.check_fits(prompt_len=4, max_model_len=19)
+
+
 def _run(logits, rows, steps=None, temperature=1.0, top_k=0, top_p=1.0):
     B = logits.shape[0]
     full = lambda v, dt: torch.full((B,), v, dtype=dt)  # noqa: E731

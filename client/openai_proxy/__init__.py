@@ -1,4 +1,4 @@
-"""An OpenAI-compatible HTTP server in front of Triton, generated from the ensemble YAMLs.
+"""An OpenAI-compatible HTTP server in front of Triton, its routes read from Triton's model configs.
 
     python -m triton_omni.client.openai_proxy --triton-url localhost:8001 --port 9000 [--api-key KEY]
 

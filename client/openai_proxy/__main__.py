@@ -19,7 +19,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api-key", default=os.environ.get("OPENAI_PROXY_API_KEY"),
                     help="require 'Authorization: Bearer KEY' (default: $OPENAI_PROXY_API_KEY; none: open)")
     ap.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes, help="larger bodies get 413")
-    ap.add_argument("--config-dir", type=Path, default=defaults.config_dir, help="the ensemble YAMLs")
     ap.add_argument("--voices-dir", type=Path, default=None, help="keep uploaded voices here (default: memory)")
     ap.add_argument("--request-timeout", type=float, default=defaults.request_timeout_s)
     ap.add_argument("--log-level", default="info")
@@ -31,10 +30,10 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = create_app(Settings(triton_url=args.triton_url, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                              config_dir=args.config_dir, voices_dir=args.voices_dir,
+                              voices_dir=args.voices_dir,
                               request_timeout_s=args.request_timeout))
-    served = ", ".join(f"{m.name} ({m.route})" for m in app.state.proxy.models.models.values())
-    logging.getLogger("openai_proxy").info("offering %s; Triton at %s", served or "nothing", args.triton_url)
+    logging.getLogger("openai_proxy").info("offering the models Triton at %s has ready with an openai_route",
+                                           args.triton_url)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

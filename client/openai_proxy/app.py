@@ -1,7 +1,8 @@
-"""The proxy's FastAPI app: routes generated from the ensemble YAMLs, errors in OpenAI's shape.
+"""The proxy's FastAPI app: OpenAI's routes over the models Triton serves, errors in OpenAI's shape.
 
-Each YAML's `openai.route` says which endpoint its model serves (models.py); the handlers map the
-OpenAI request onto the tensor contract of ensemble_configs/README.md and talk gRPC to Triton.
+Each served model's config says which endpoint it serves (its `openai_route` parameter, models.py);
+the handlers map the OpenAI request onto the tensor contract of ensemble_configs/README.md and talk
+gRPC to Triton.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from triton_omni.client.openai_proxy import audio, chat, images, videos
 from triton_omni.client.openai_proxy.context import Proxy, Settings, proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, install
 from triton_omni.client.openai_proxy.fields import refuse
-from triton_omni.client.openai_proxy.models import ModelTable, load_models
+from triton_omni.client.openai_proxy.models import ModelTable
 from triton_omni.client.openai_proxy.triton import ClientGone, TritonGateway
 from triton_omni.client.openai_proxy.voices import VoiceStore
 
@@ -61,7 +62,7 @@ def create_app(settings: Settings) -> FastAPI:
         gateway.close()
 
     app = FastAPI(title="triton-omni OpenAI-compatible proxy", version="1", lifespan=lifespan)
-    app.state.proxy = Proxy(settings, gateway, ModelTable(load_models(settings.config_dir), gateway),
+    app.state.proxy = Proxy(settings, gateway, ModelTable(gateway),
                             VoiceStore(settings.voices_dir), videos.VideoJobs(gateway, settings.max_video_jobs))
     install(app)
 

@@ -9,15 +9,12 @@ from fastapi import Request
 from triton_omni.client.openai_proxy.models import ModelTable
 from triton_omni.client.openai_proxy.triton import TritonGateway
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @dataclass
 class Settings:
     triton_url: str = "localhost:8001"
     api_key: str | None = None
     max_body_bytes: int = 32 << 20          # 413 above this
-    config_dir: Path = ROOT / "ensemble_configs"
     voices_dir: Path | None = None          # uploaded voices survive restarts when set
     request_timeout_s: float = 600.0
     max_video_jobs: int = 64                # finished jobs kept for download (oldest dropped first)

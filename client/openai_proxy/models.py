@@ -1,14 +1,16 @@
-"""Which model serves which OpenAI route: read from the ensemble YAMLs, filtered by what Triton has ready.
+"""Which model serves which OpenAI route: read from Triton's model configs, for the models it has ready.
 
-Every `ensemble_configs/*.yaml` with `openai: {route: ...}` offers its model, under the YAML's name
-(the model clients call: the front of a streaming model, else the ensemble). A model is served only
-while the live Triton server reports it READY, so `/v1/models` says what really answers.
+The converter writes an ensemble YAML's `openai: {route: ...}` and its description into the config of
+the model clients call (the front of a streaming model, else the ensemble) as the parameters
+`openai_route` and `openai_description` (converters/generate.py). The proxy asks Triton for them, so
+it needs only the server's address: no YAMLs, no serving code. A model is served only while the
+live Triton server reports it READY, so `/v1/models` says what really answers.
 """
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from triton_omni.client.openai_proxy.errors import ProxyError
 
@@ -23,6 +25,7 @@ ROUTES = {
     "image_edit": "/v1/images/edits",
     "video": "/v1/videos",
 }
+ROUTE_PARAMETER, DESCRIPTION_PARAMETER = "openai_route", "openai_description"
 
 
 @dataclass(frozen=True)
@@ -30,43 +33,42 @@ class ServedModel:
     name: str
     route: str
     description: str
-    created: int          # the YAML's modification time: OpenAI's `created`
+    created: int          # when this proxy first saw it ready: OpenAI's `created`
 
 
-def load_models(config_dir: Path) -> dict[str, ServedModel]:
-    """name -> model for every YAML with an OpenAI route. A YAML that does not load is skipped
-    (logged), so one broken config never takes the proxy down."""
-    from triton_omni.converters.schema import load_ensemble
-
-    models = {}
-    for path in sorted(Path(config_dir).glob("*.yaml")):
-        try:
-            cfg = load_ensemble(path)
-        except Exception as e:  # noqa: BLE001
-            log.warning("skipping %s: %s", path.name, e)
-            continue
-        route = cfg.openai.get("route")
-        if route is None:
-            continue
-        if route not in ROUTES:
-            log.warning("skipping %s: unknown openai.route %r (known: %s)", path.name, route, ", ".join(ROUTES))
-            continue
-        models[cfg.name] = ServedModel(cfg.name, route, cfg.description, int(path.stat().st_mtime))
-    return models
+def served_model(name: str, config: dict) -> ServedModel | None:
+    """The model a Triton model config (JSON form) offers, or None when it has no known route."""
+    params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+    route = params.get(ROUTE_PARAMETER)
+    if route is None:
+        return None
+    if route not in ROUTES:
+        log.warning("skipping %s: unknown openai_route %r (known: %s)", name, route, ", ".join(ROUTES))
+        return None
+    return ServedModel(name, route, params.get(DESCRIPTION_PARAMETER, ""), int(time.time()))
 
 
 class ModelTable:
-    def __init__(self, models: dict[str, ServedModel], gateway):
-        self.models = models
+    def __init__(self, gateway):
         self.gateway = gateway
+        # name -> its model (None: not an OpenAI model), for the models last seen ready; a model that
+        # leaves the ready set is forgotten, so a reload with a new config is read again
+        self.known: dict[str, ServedModel | None] = {}
 
     async def served(self) -> list[ServedModel]:
         ready = await self.gateway.ready_models()
-        return [m for m in self.models.values() if m.name in ready]
+        self.known = {name: m for name, m in self.known.items() if name in ready}
+        for name in sorted(ready - set(self.known)):
+            try:
+                self.known[name] = served_model(name, await self.gateway.model_config(name))
+            except ProxyError as e:      # unloaded between the two calls: ask again next time
+                log.warning("skipping %s: %s", name, e.message)
+        return [m for m in self.known.values() if m is not None]
 
     async def resolve(self, route: str, name: str | None) -> ServedModel:
         """The model for this request. `name` None: the route's only served model, if it has one."""
-        serving = [m for m in await self.served() if m.route == route]
+        served = await self.served()
+        serving = [m for m in served if m.route == route]
         path = ROUTES[route]
         if not serving:
             raise ProxyError(404, f"no model serves this route ({path}): no ensemble with openai.route "
@@ -79,8 +81,8 @@ class ModelTable:
         for m in serving:
             if m.name == name:
                 return m
-        other = self.models.get(name)
-        hint = (f"; it serves {ROUTES[other.route]}" if other is not None and other.route != route
+        other = next((m for m in served if m.name == name), None)
+        hint = (f"; it serves {ROUTES[other.route]}" if other is not None
                 else f"; {path} is served by {', '.join(m.name for m in serving)}")
         raise ProxyError(404, f"The model '{name}' does not exist or is not served on {path}{hint}",
                          param="model", code="model_not_found")

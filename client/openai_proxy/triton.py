@@ -1,4 +1,4 @@
-"""The proxy's side of Triton: which models are ready, and one request's responses in asyncio.
+"""The proxy's side of Triton: which models are ready, their configs, and one request's responses in asyncio.
 
 Each request gets its own gRPC stream (tritonclient's sync client; its callback thread hands
 responses to the event loop). The stream ends on Triton's final-response flag. When the HTTP client
@@ -48,6 +48,10 @@ class TritonGateway:
     async def ready_models(self) -> set[str]:
         index = await self._call(self._control.get_model_repository_index, as_json=True, client_timeout=10)
         return {m["name"] for m in index.get("models", []) if m.get("state") == "READY"}
+
+    async def model_config(self, name: str) -> dict:
+        """A model's config.pbtxt as Triton's JSON (its `parameters` say which OpenAI route it serves)."""
+        return (await self._call(self._control.get_model_config, name, as_json=True, client_timeout=10))["config"]
 
     async def live(self) -> bool:
         try:

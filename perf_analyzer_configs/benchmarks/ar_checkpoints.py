@@ -41,7 +41,7 @@ def write_checkpoint(name: str, root: Path) -> Path:
     """config.json (real shape) + a tokenizer of the real vocabulary size; no weights (dummy load)."""
     from transformers import Qwen3_5TextConfig, Qwen3Config
 
-    from triton_omni.converters.tiny import synthetic_tokenizer
+    from triton_omni.converters.tiny_common import synthetic_tokenizer
 
     folder = root / name
     if (folder / "config.json").exists():

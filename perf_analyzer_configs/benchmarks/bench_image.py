@@ -37,7 +37,7 @@ from perf_analyzer_configs.benchmarks.ar_checkpoints import QWEN3_COMMON, SPECIA
 from perf_analyzer_configs.benchmarks.common import (ROOT, device_name, percentile, release_memory, start_server,
                                                      versions)
 from triton_omni.converters.schema import load_ensemble
-from triton_omni.converters.tiny import synthetic_tokenizer
+from triton_omni.converters.tiny_common import synthetic_tokenizer
 from triton_omni.image.checkpoint import load_scheduler, load_tokenizer
 from triton_omni.image.z_image.transformer import ZImageContext
 from triton_omni.runtime.params import parse_params

@@ -68,11 +68,11 @@ def orpheus_tokenizer(folder: Path, text_vocab: int):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    from triton_omni.converters.tiny import _byte_alphabet_index
+    from triton_omni.converters.tiny_common import byte_alphabet_index
 
     base = text_vocab - 256
     specials = {"<|begin_of_text|>": base, "<|end_of_text|>": base + 1, "<|eot_id|>": base + 9}
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet(), key=_byte_alphabet_index))}
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet(), key=byte_alphabet_index))}
     vocab.update({**specials, **{f"t{i:x}": i for i in range(256, text_vocab) if i not in specials.values()}})
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()

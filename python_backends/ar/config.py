@@ -1,4 +1,5 @@
-"""Typed engine configuration (filled from the AR step's parameters)."""
+"""Typed engine configuration: the one definition of these settings (the AR step's parameters, ARParams,
+extend it, so YAMLs and config.pbtxt set them by these names)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

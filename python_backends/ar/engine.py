@@ -103,7 +103,12 @@ class LLMEngine:
                 raise InvalidInput("input_ids", f"token ids must be in [0, {self.vocab_size})")
             seq = Sequence(ids.tolist(), params, on_output)
         seq.arrival = time.time()
-        seq.params = params.resolve(seq.prompt_len, self.config.max_model_len, self.vocab_size)
+        if params.resolved:
+            # a pre step resolved it against its own max_model_len, which may be set above this engine's
+            params.check_fits(seq.prompt_len, self.config.max_model_len)
+        else:                   # in-process callers (benchmarks, tests) and requests sent straight here
+            params = params.resolve(seq.prompt_len, self.config.max_model_len, self.vocab_size)
+        seq.params = params
         self._inbox.put(("add", seq))
         self._wake.set()
         return seq

@@ -72,6 +72,15 @@ class SamplingParams:
 
     def resolve(self, prompt_len: int, max_model_len: int, vocab_size: int) -> "SamplingParams":
         """Check against the prompt and context; fill max_tokens and seed. Returns a new object."""
+        room = self.check_fits(prompt_len, max_model_len)
+        if any(t >= vocab_size for t in self.stop_token_ids):
+            raise InvalidInput(f"{FIELD}.stop_token_ids", f"token ids must be < {vocab_size}")
+        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
+        max_tokens = self.max_tokens if self.max_tokens is not None else min(self.DEFAULT_MAX_TOKENS, room)
+        return dataclasses.replace(self, max_tokens=max_tokens, seed=seed)
+
+    def check_fits(self, prompt_len: int, max_model_len: int) -> int:
+        """The room the context leaves after the prompt; raises when the prompt or max_tokens does not fit."""
         room = max_model_len - prompt_len
         if prompt_len == 0:
             raise InvalidInput("prompt", "is empty")
@@ -80,11 +89,21 @@ class SamplingParams:
         if self.max_tokens is not None and self.max_tokens > room:
             raise InvalidInput(f"{FIELD}.max_tokens", f"{self.max_tokens} does not fit: the prompt has "
                                f"{prompt_len} tokens and the context holds {max_model_len}")
-        if any(t >= vocab_size for t in self.stop_token_ids):
-            raise InvalidInput(f"{FIELD}.stop_token_ids", f"token ids must be < {vocab_size}")
-        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
-        max_tokens = self.max_tokens if self.max_tokens is not None else min(self.DEFAULT_MAX_TOKENS, room)
-        return dataclasses.replace(self, max_tokens=max_tokens, seed=seed)
+        return room
+
+    @property
+    def resolved(self) -> bool:
+        """max_tokens and seed filled in (by `resolve`)."""
+        return self.max_tokens is not None and self.seed is not None
+
+    @classmethod
+    def from_resolved(cls, raw: dict | None) -> "SamplingParams":
+        """The `sampling` tensor a pre step wrote (`resolve(...).to_dict()`): resolved there, once, so
+        not resolved again. Its keys and ranges are still checked (the same checks, a few dozen
+        operations): any step can be called directly, and a bad value that reached the engine would
+        fail the whole decode batch, not this request. None (a request sent straight to the AR step
+        without one): the defaults, which the engine resolves."""
+        return cls.from_dict(raw)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

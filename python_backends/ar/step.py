@@ -7,6 +7,8 @@ slows the model down.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import queue
 import sys
@@ -41,21 +43,10 @@ STREAMS_PER_TOKEN = 2        # stream_interval 0 (auto): one more token per resp
 
 
 @dataclass
-class ARParams:
+class ARParams(EngineConfig):
+    """The engine's settings (EngineConfig: each field's default and meaning there), and the step's own."""
     checkpoint: str = ""
     dtype: str = "float32"
-    max_num_seqs: int = 16
-    max_model_len: int = 2048
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    num_kv_blocks: int = 0
-    gpu_memory_utilization: float = 0.85
-    cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
-    cuda_graph_prefill_tokens: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256, 512, 1024, 2048])
-    enforce_eager: bool = False
-    use_triton_kernels: bool = True
-    prefill_quiet_ms: float = 0.0        # EngineConfig says what these two do
-    prefill_max_wait_ms: float = 0.0
     load_format: str = "auto"          # "dummy": random weights from config.json (benchmarks)
     # tokens per streamed response after the first (which goes out at once, for the time to first
     # token): n >= 1 at least n (fewer only at the end); 0 (auto): 1 while one stream is live, then
@@ -74,13 +65,8 @@ class ARParams:
     gil_switch_interval_us: int = 500
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
-                            max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
-                            num_kv_blocks=self.num_kv_blocks, gpu_memory_utilization=self.gpu_memory_utilization,
-                            cuda_graph_batch_sizes=list(self.cuda_graph_batch_sizes),
-                            cuda_graph_prefill_tokens=list(self.cuda_graph_prefill_tokens),
-                            enforce_eager=self.enforce_eager, use_triton_kernels=self.use_triton_kernels,
-                            prefill_quiet_ms=self.prefill_quiet_ms, prefill_max_wait_ms=self.prefill_max_wait_ms)
+        """The engine's part alone (lists copied: the engine never shares them with the step)."""
+        return EngineConfig(**{f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(EngineConfig)})
 
 
 @dataclass(eq=False)
@@ -189,7 +175,7 @@ class ARDecode(Step):
         ids = request.get("input_ids")
         if ids is None or ids.ndim != 1:
             raise InvalidInput("input_ids", "expected a 1-D list of token ids")
-        params = SamplingParams.from_dict(request.json("sampling"))
+        params = SamplingParams.from_resolved(request.json("sampling"))    # the pre step checked it
         streaming = bool(request.scalar("stream", False))
         reply = _Reply(sink, TokenStream(self.token_bytes, params.stop), streaming, int(ids.shape[0]))
         self.start(request, reply, ids, params)

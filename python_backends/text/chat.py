@@ -1,7 +1,8 @@
 """The chat model's CPU steps: pre (validate, chat template, tokenize) and post (detokenize).
 
-pre  turns `messages` (OpenAI-style JSON) or a raw `text_input` into token ids, and checks the
-     sampling parameters against the prompt and the context, so bad requests fail before decode.
+pre  turns `messages` (OpenAI-style JSON) or a raw `text_input` into token ids, and parses and
+     resolves the sampling parameters against the prompt and the context (defaults, seed), so bad
+     requests fail before decode and the AR step takes the resolved form as it is.
 post turns the token ids that the AR step releases into text. It keeps no state: each response
      carries a few already-sent tokens as context, so the new text is decode(context + new) minus
      decode(context), which is exact at the whole-character boundaries the AR step cuts at.
@@ -113,7 +114,7 @@ class ChatPreprocess(Step):
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         """Each request's text and sampling checked on its own, then one tokenizer call for the batch,
-        then the sampling checked against each prompt's length; a failure stays its request's."""
+        then the sampling resolved against each prompt's length; a failure stays its request's."""
         results: list[dict | BaseException | None] = [None] * len(requests)
         pending: list[tuple[int, str, SamplingParams]] = []
         for i, req in enumerate(requests):
@@ -126,9 +127,9 @@ class ChatPreprocess(Step):
             try:
                 if isinstance(ids, BaseException):
                     raise ids
-                params.resolve(len(ids), self.params.max_model_len, len(self.tokenizer))   # validate early
+                resolved = params.resolve(len(ids), self.params.max_model_len, len(self.tokenizer))
                 results[i] = {"input_ids": np.asarray(ids, dtype=np.int32),
-                              "sampling": string_array(json.dumps(params.to_dict()))}
+                              "sampling": string_array(json.dumps(resolved.to_dict()))}
             except Exception as exc:  # noqa: BLE001
                 results[i] = exc
         return results
