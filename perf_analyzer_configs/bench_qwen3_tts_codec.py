@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from perf_analyzer_configs.bench_tts import write_qwen3_tts  # noqa: E402
-from triton_omni.tts.qwen3_tts_codec import load_codec  # noqa: E402
-from triton_omni.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder  # noqa: E402
+from triton_omni.tts.qwen3_tts.codec import load_codec  # noqa: E402
+from triton_omni.tts.qwen3_tts.codec_stream import StatePool, StreamingDecoder  # noqa: E402
 
 
 BUSY = """

@@ -167,7 +167,7 @@ def write_orpheus(root: Path, shapes: str, device: str, dtype) -> tuple[Path, Pa
 
 def write_kokoro(root: Path, shapes: str) -> Path:
     """hexgrad/Kokoro-82M's layout (config.json, kokoro-v1_0.pth, voices/af_heart.pt)."""
-    from triton_omni.tts.kokoro import WEIGHTS_FILE, Kokoro, release_state_dicts
+    from triton_omni.tts.kokoro.model import WEIGHTS_FILE, Kokoro, release_state_dicts
 
     folder = root / f"{shapes}-kokoro"
     if (folder / WEIGHTS_FILE).exists():
@@ -195,8 +195,8 @@ def write_qwen3_tts(root: Path, shapes: str, device: str, dtype) -> Path:
     from safetensors.torch import save_file
 
     from triton_omni.converters import tiny_qwen3_tts as tq
-    from triton_omni.tts.qwen3_tts import Qwen3TTS, Qwen3TTSConfig
-    from triton_omni.tts.qwen3_tts_codec import Qwen3TTSCodec
+    from triton_omni.tts.qwen3_tts.codec import Qwen3TTSCodec
+    from triton_omni.tts.qwen3_tts.model import Qwen3TTS, Qwen3TTSConfig
 
     folder = root / f"{shapes}-qwen3_tts"
     done = folder / ".complete"
@@ -416,8 +416,8 @@ def orpheus_baseline(ctx):
     from transformers import LlamaForCausalLM
 
     from triton_omni.text.tokenizer import load_tokenizer
-    from triton_omni.tts.orpheus import OrpheusTokens, frames_to_codes
-    from triton_omni.tts.talker import chunk_plan
+    from triton_omni.tts.orpheus.talker import chunk_plan
+    from triton_omni.tts.orpheus.tokens import OrpheusTokens, frames_to_codes
 
     tok = load_tokenizer(ctx.folder)
     tokens = OrpheusTokens.from_tokenizer(tok)
@@ -457,7 +457,7 @@ def kokoro_baseline(ctx):
     import importlib.util
     import types
 
-    from triton_omni.tts.kokoro import WEIGHTS_FILE, load_voice, lstm_cudnn, voice_style
+    from triton_omni.tts.kokoro.model import WEIGHTS_FILE, load_voice, lstm_cudnn, voice_style
 
     if "kokoro" not in sys.modules:      # kokoro/model.py alone: the package's __init__ pulls in misaki, spaCy
         package = types.ModuleType("kokoro")

@@ -47,6 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from triton_omni.media.audio_signal import resample
+
 # -- text front end (omnivoice.utils: duration, voice_design, text) ------------------------------------
 
 # RuleDurationEstimator's script weights by Unicode block end, adjacent blocks of equal weight merged
@@ -515,30 +517,6 @@ def _load_codec_half(cls, folder: str | Path, device: str):
 
 
 # -- voice cloning: a reference clip -> its codes (create_voice_clone_prompt) ----------------------------
-
-def resample(wave: torch.Tensor, orig: int, new: int, zeros: int = 6, rolloff: float = 0.99) -> torch.Tensor:
-    """torchaudio.functional.resample with its defaults (a Hann-windowed sinc over `zeros` zero crossings,
-    cut off at `rolloff` of the lower Nyquist rate), which the release uses for the clip's rate and
-    inside the codec (24 kHz -> HuBERT's 16 kHz). The kernel is computed in the wave's dtype in the same
-    order, so the samples are torchaudio's. wave [..., S] -> [..., ceil(S * new / orig)]."""
-    if orig == new:
-        return wave
-    g = math.gcd(orig, new)
-    orig, new = orig // g, new // g
-    cutoff = min(orig, new) * rolloff
-    width = math.ceil(zeros * orig / cutoff)            # input samples each side of an output sample
-    dt, dev = wave.dtype, wave.device
-    offsets = torch.arange(-width, width + orig, dtype=dt, device=dev)[None, None] / orig
-    t = torch.arange(0, -new, -1, dtype=dt, device=dev)[:, None, None] / new + offsets   # [new, 1, taps]
-    t = (t * cutoff).clamp(-zeros, zeros)
-    window = torch.cos(t * math.pi / zeros / 2) ** 2
-    t = t * math.pi
-    kernel = torch.where(t == 0, torch.tensor(1.0, dtype=dt, device=dev), t.sin() / t) * (window * (cutoff / orig))
-    shape = wave.shape
-    x = F.pad(wave.reshape(-1, shape[-1]), (width, width + orig))
-    out = F.conv1d(x[:, None], kernel, stride=orig).transpose(1, 2).reshape(x.shape[0], -1)
-    return out[:, :math.ceil(new * shape[-1] / orig)].reshape(*shape[:-1], -1)
-
 
 class CodecEncoder(nn.Module):
     """The encoding half of HiggsAudioV2TokenizerModel, under its parameter names: 24 kHz audio ->
