@@ -65,7 +65,7 @@ def codec_state_dict(config: dict, seed: int) -> dict[str, torch.Tensor]:
     """HiggsAudioV2TokenizerModel's parameters and buffers, random, by the names that model has."""
     from transformers import DacConfig, DacModel, HubertConfig, HubertModel
 
-    from triton_omni.tts.omnivoice.model import SemanticDecoder, SemanticEncoder, codec_sizes
+    from triton_omni.tts.omnivoice.codec import SemanticDecoder, SemanticEncoder, codec_sizes
 
     torch.manual_seed(seed)
     sizes = codec_sizes(config)

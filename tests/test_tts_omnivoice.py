@@ -31,7 +31,7 @@ from triton_omni.media import audio
 from triton_omni.media.audio_signal import resample
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.step import Request, StepContext
-from triton_omni.tts.omnivoice.model import Codec, finish, remove_silence
+from triton_omni.tts.omnivoice.codec import Codec, finish, remove_silence
 from triton_omni.tts.omnivoice.model import (Job, OmniVoiceModel, Settings, estimate_frames, generate, prompt_ids,
                                              voice_design)
 from triton_omni.tts.omnivoice.steps import (OmniVoiceCodec, OmniVoiceCodecParams, OmniVoiceGenerate,

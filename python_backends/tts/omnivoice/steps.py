@@ -39,7 +39,7 @@ from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
 from triton_omni.text.tokenizer import load_tokenizer
-from triton_omni.tts.omnivoice.model import Codec, CodecEncoder, codec_sizes, finish, prepare_reference
+from triton_omni.tts.omnivoice.codec import Codec, CodecEncoder, codec_sizes, finish, prepare_reference
 from triton_omni.tts.omnivoice.model import (Job, OmniVoiceModel, Settings, estimate_frames, generate, prompt_ids,
                                              punctuate, voice_design)
 from triton_omni.tts.request import (SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, as_numpy, has_reference,
