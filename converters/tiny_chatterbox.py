@@ -83,7 +83,7 @@ def chatterbox_tokenizer(out: Path) -> None:
 def voice_encoders(g: torch.Generator) -> dict[str, torch.nn.Module]:
     """The S3 tokenizer and the x-vector encoder at the tiny sizes, random; batch-norm statistics that are
     not the identity, FSQ projections large enough that every digit takes all three values."""
-    from triton_omni.tts.chatterbox_voice import CAMPPlus, S3Tokenizer
+    from triton_omni.tts.chatterbox.voice import CAMPPlus, S3Tokenizer
 
     sizes = TINY_CONFIG["s3gen"]
     tokenizer, xvector = S3Tokenizer(**sizes["tokenizer"]), CAMPPlus(**sizes["xvector"])
@@ -105,8 +105,8 @@ def chatterbox(out: Path, seed: int = 31) -> None:
     from safetensors.torch import save_file
 
     from triton_omni.converters.tiny_common import randomize
-    from triton_omni.tts.chatterbox import T3
-    from triton_omni.tts.chatterbox_s3gen import S3Gen
+    from triton_omni.tts.chatterbox.s3gen import S3Gen
+    from triton_omni.tts.chatterbox.t3 import T3
 
     chatterbox_tokenizer(out)
     torch.manual_seed(seed)

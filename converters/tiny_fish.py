@@ -101,7 +101,7 @@ def _randomize(module: torch.nn.Module, g: torch.Generator) -> None:
 def codec_state(seed: int = 11) -> dict:
     """Our decoder's and encoder's tensors, random (the codebooks and out_proj, which both sides use,
     are the decoder's), then stored under the release's weight-norm names."""
-    from triton_omni.tts.fish_codec import CodecSizes, FishCodec, FishCodecEncoder
+    from triton_omni.tts.fish.codec import CodecSizes, FishCodec, FishCodecEncoder
 
     torch.manual_seed(seed)
     codec = FishCodec(CodecSizes(**CODEC))

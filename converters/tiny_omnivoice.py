@@ -10,7 +10,7 @@
 
 transformers' HiggsAudioV2TokenizerModel imports torchaudio, which this environment does not have, so
 the codec's state dict is assembled from the same parts (DAC encoder/decoder, HuBERT, the semantic
-conv stacks of python_backends/tts/omnivoice.py) under the model's parameter names. The reference
+conv stacks of python_backends/tts/omnivoice/codec.py) under the model's parameter names. The reference
 package loads the folder with nothing missing or unexpected (tests/test_tts_omnivoice.py checks).
 The codec keeps the release's rates (24 kHz, 960 samples a frame = 25 Hz, HuBERT at 16 kHz) and its
 8 quantizers at the highest bandwidth (2 kbps), with tiny widths. Both halves have random weights:
@@ -55,7 +55,7 @@ def codec_state_dict(config: dict, seed: int) -> dict[str, torch.Tensor]:
     """HiggsAudioV2TokenizerModel's parameters and buffers, random, by the names that model has."""
     from transformers import DacConfig, DacModel, HubertConfig, HubertModel
 
-    from triton_omni.tts.omnivoice import SemanticDecoder, SemanticEncoder, codec_sizes
+    from triton_omni.tts.omnivoice.codec import SemanticDecoder, SemanticEncoder, codec_sizes
 
     torch.manual_seed(seed)
     sizes = codec_sizes(config)

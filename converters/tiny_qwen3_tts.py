@@ -66,7 +66,7 @@ MIMI_CONFIG = {"model_type": "mimi", "sampling_rate": 24000, "frame_rate": 12.5,
                "rope_theta": 10000.0, "sliding_window": 250, "layer_scale_initial_scale": 0.01,
                "attention_bias": False}
 # the Base variant's encoder: RVQ in-/output projections (the release has them: 512 -> 256) and a sliding
-# window shorter than the test clips (the reference encoder ignores it: see qwen3_tts_clone.SpeechEncoder)
+# window shorter than the test clips (the reference encoder ignores it: see qwen3_tts/clone.SpeechEncoder)
 BASE_MIMI_CONFIG = {**MIMI_CONFIG, "codebook_dim": 8, "vector_quantization_hidden_dimension": 8, "sliding_window": 16}
 PREPROCESSOR = {"chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor", "feature_size": 1,
                 "overlap": None, "padding_side": "right", "padding_value": 0.0, "return_attention_mask": True,
@@ -274,7 +274,7 @@ def mimi_encoder_state(seed: int, encoder: dict = MIMI_CONFIG, randomize: bool =
 def speech_tokenizer(out: Path, seed: int = 1212, encoder: dict = MIMI_CONFIG, random_encoder: bool = False) -> None:
     from safetensors.torch import save_file
 
-    from triton_omni.tts.qwen3_tts_codec import Qwen3TTSCodec
+    from triton_omni.tts.qwen3_tts.codec import Qwen3TTSCodec
 
     out.mkdir(parents=True, exist_ok=True)
     config = codec_config(encoder)
@@ -295,7 +295,7 @@ def speech_tokenizer(out: Path, seed: int = 1212, encoder: dict = MIMI_CONFIG, r
 def speaker_encoder_state(config: dict, seed: int) -> dict[str, torch.Tensor]:
     """`speaker_encoder.*`: fan-in scaled convs (x2 variance for the ReLUs), the last one scaled so a
     voiced test signal's x-vector has std 0.5, like the codec embeddings it stands in for."""
-    from triton_omni.tts.qwen3_tts_clone import SpeakerEncoder, mel_spectrogram
+    from triton_omni.tts.qwen3_tts.clone import SpeakerEncoder, mel_spectrogram
 
     enc = SpeakerEncoder(config["speaker_encoder_config"])
     g = torch.Generator().manual_seed(seed)
@@ -314,7 +314,7 @@ def speaker_encoder_state(config: dict, seed: int) -> dict[str, torch.Tensor]:
 def qwen3_tts(out: Path, variant: str = "0b6", seed: int = 31, base: bool = False) -> None:
     from safetensors.torch import save_file
 
-    from triton_omni.tts.qwen3_tts import Qwen3TTS, Qwen3TTSConfig
+    from triton_omni.tts.qwen3_tts.model import Qwen3TTS, Qwen3TTSConfig
 
     ids = build_tokenizer(out)
     config = model_config(ids, variant)

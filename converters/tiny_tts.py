@@ -117,7 +117,7 @@ KOKORO_VOICES = ("af_heart", "am_adam", "bf_emma", "ff_siwis")    # a: US Englis
 def kokoro(out: Path, config: dict | None = None, seed: int = 82) -> None:
     """hexgrad/Kokoro-82M's layout: config.json, kokoro-v1_0.pth (five state dicts, `module.` keys,
     weight norm as weight_g/weight_v), voices/<name>.pt ([510, 1, 256] each)."""
-    from triton_omni.tts.kokoro import WEIGHTS_FILE, Kokoro, release_state_dicts
+    from triton_omni.tts.kokoro.model import WEIGHTS_FILE, Kokoro, release_state_dicts
 
     config = dict(config or KOKORO_TINY_CONFIG)
     torch.manual_seed(seed)

@@ -21,7 +21,7 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
-# espeak-ng: kokoro_tts's offline text -> phonemes (python_backends/tts/kokoro_text.py). Optional:
+# espeak-ng: kokoro_tts's offline text -> phonemes (python_backends/tts/kokoro/text.py). Optional:
 # without it kokoro_tts takes `phonemes` only. Installed only where apt-get can run (as root).
 if ! command -v espeak-ng >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \

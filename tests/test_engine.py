@@ -215,7 +215,7 @@ def test_auto_stream_interval_sends_the_first_tokens_at_once_then_groups_by_load
     import threading
     from types import SimpleNamespace
 
-    from triton_omni.ar.step import STREAMS_PER_TOKEN, ARDecode, ARParams, _Reply
+    from triton_omni.ar.step import STREAMS_PER_TOKEN, ARDecode, ARParams, Reply
     from triton_omni.text.stream import TokenStream
 
     step = object.__new__(ARDecode)
@@ -225,7 +225,7 @@ def test_auto_stream_interval_sends_the_first_tokens_at_once_then_groups_by_load
     def reply():
         sink = SimpleNamespace(send=lambda outputs, final=False: sent.append((outputs["token_ids"].tolist(),
                                                                               int(outputs["num_context"][0]), final)))
-        return _Reply(sink, TokenStream([bytes([97 + i % 26]) for i in range(64)], []), True, 3)
+        return Reply(sink, TokenStream([bytes([97 + i % 26]) for i in range(64)], []), True, 3)
 
     others = [reply() for _ in range(4 * STREAMS_PER_TOKEN - 1)]
     step.live = set(others)

@@ -13,7 +13,7 @@ Compared, fp32 on the CPU: the text ids, T3's cond / uncond logits at every deco
 S3Gen's mel and waveform for T3's tokens and for given tokens (same seed, same noise), and the whole
 in-process pipeline (pre -> t3 -> s3gen steps) against generate()'s waveform before its watermark.
 
-Voice cloning (python_backends/tts/chatterbox_voice.py) against prepare_conditionals on one 10.5 s clip
+Voice cloning (python_backends/tts/chatterbox/voice.py) against prepare_conditionals on one 10.5 s clip
 (both the 10 s and the 6 s cuts apply): S3Gen's reference (tokens, mel, x-vector), T3's conditioning from
 the same 16 kHz clip, the resampling differences that remain (librosa's soxr, which we do not have), and
 generate(text, audio_prompt_path=...) end to end given librosa's 16 kHz clip.
@@ -32,12 +32,12 @@ import torch
 from triton_omni.media import audio
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.step import Request, StepContext
-from triton_omni.tts.chatterbox import T3, Sampling, T3Job, TextTokenizer, generate_tokens, load_voice, \
+from triton_omni.tts.chatterbox.s3gen import S3Gen
+from triton_omni.tts.chatterbox.steps import (ChatterboxPre, ChatterboxPreParams, ChatterboxS3Gen,
+                                              ChatterboxS3GenParams, ChatterboxT3, ChatterboxT3Params)
+from triton_omni.tts.chatterbox.t3 import T3, Sampling, T3Job, TextTokenizer, generate_tokens, load_voice, \
     normalize_text
-from triton_omni.tts.chatterbox_s3gen import S3Gen
-from triton_omni.tts.chatterbox_steps import (ChatterboxPre, ChatterboxPreParams, ChatterboxS3Gen,
-                                                  ChatterboxS3GenParams, ChatterboxT3, ChatterboxT3Params)
-from triton_omni.tts.chatterbox_voice import VoiceCloner, ffmpeg_resample, resample
+from triton_omni.tts.chatterbox.voice import VoiceCloner, ffmpeg_resample, resample
 from tests.conftest import TINY, assert_int16_equal, running_server, wav_pcm16
 from tests.test_tts_orpheus import speech_request
 from tests.test_tts_server import fails_beside, stream_speech

@@ -46,7 +46,7 @@ def greedy_frames(folder, text: str, frames: int) -> torch.Tensor:
     from triton_omni.ar.config import EngineConfig
     from triton_omni.ar.sampling import SamplingParams
     from triton_omni.text.tokenizer import load_tokenizer
-    from triton_omni.tts.fish import FishPrompt, fish_engine, load_fish, prompt_ids
+    from triton_omni.tts.fish.model import FishPrompt, fish_engine, load_fish, prompt_ids
 
     model = load_fish(folder)
     ids = prompt_ids(load_tokenizer(folder), text, model.num_codebooks)
@@ -60,8 +60,8 @@ def test_engine_frames_equal_a_plain_loop(folder):
     forward every step, teacher-forced fast logits): same greedy frames."""
     from triton_omni.models.context import ForwardContext
     from triton_omni.text.tokenizer import load_tokenizer
-    from triton_omni.tts.fish import load_fish, prompt_ids
-    from triton_omni.tts.qwen3_tts import bind_cache
+    from triton_omni.tts.fish.model import load_fish, prompt_ids
+    from triton_omni.tts.qwen3_tts.generate import bind_cache
 
     text, frames = "Hello there, how are you?", 12
     got = greedy_frames(folder, text, frames)
@@ -86,7 +86,7 @@ def test_codec_chunks_against_a_whole_decode(folder):
     (within context_frames of the start) equal it up to rounding; later ones differ (measured, printed:
     with random weights and 8 frames of context they differ a lot, so only their size is checked)."""
     from triton_omni.tts.chunking import ChunkPlan
-    from triton_omni.tts.fish_codec import load_codec
+    from triton_omni.tts.fish.codec import load_codec
 
     codec = load_codec(folder / "codec.pth")
     g = torch.Generator().manual_seed(0)
@@ -110,10 +110,10 @@ def test_pre_puts_the_clip_codes_after_its_transcript(folder):
     """The cloning prompt: the system turn holds the tagged transcript, then the clip's frames (main id
     semantic_begin + code 0, then the frame's codes, as the encoder gives them); the rest is the plain
     prompt's user and assistant turns."""
+    from triton_omni.media.audio_signal import resample
     from triton_omni.runtime.step import StepContext
-    from triton_omni.tts.fish_codec import load_codec_encoder
-    from triton_omni.tts.fish_steps import FishPre, FishPreParams
-    from triton_omni.tts.omnivoice import resample
+    from triton_omni.tts.fish.codec import load_codec_encoder
+    from triton_omni.tts.fish.steps import FishPre, FishPreParams
     from tests.test_tts_omnivoice import request
 
     pre = FishPre(StepContext("pre", FishPreParams(checkpoint=str(folder)), "cpu", folder.parent))
@@ -189,7 +189,7 @@ def test_files_decode_at_their_rate(server, fmt, rate):
 
 @pytest.mark.server
 def test_wav_equals_the_in_process_talker_and_codec(server, folder):
-    from triton_omni.tts.fish_codec import load_codec
+    from triton_omni.tts.fish.codec import load_codec
 
     text, frames = "The quick brown fox jumps over the lazy dog.", 16
     (wav, rate, _), = speak(server, text, {"temperature": 0, "max_tokens": frames}, response_format="wav")

@@ -54,7 +54,7 @@ def reference_wav() -> bytes:
 
 def pre_step(folder):
     from triton_omni.runtime.step import StepContext
-    from triton_omni.tts.fish_steps import FishPre, FishPreParams
+    from triton_omni.tts.fish.steps import FishPre, FishPreParams
 
     return FishPre(StepContext("pre", FishPreParams(checkpoint=str(folder)), "cpu", folder.parent))
 
@@ -67,7 +67,7 @@ def folder(tiny_checkpoints):
 @pytest.fixture(scope="module")
 def case(folder, tmp_path_factory):
     from triton_omni.text.tokenizer import load_tokenizer
-    from triton_omni.tts.fish import prompt_ids
+    from triton_omni.tts.fish.model import prompt_ids
 
     if not REF_PYTHON.exists():
         pytest.skip(f"reference environment not found ({REF_PYTHON}): run `bash scripts/setup_reference_envs.sh "
@@ -97,8 +97,8 @@ def case(folder, tmp_path_factory):
 
 def test_slow_and_fast_logits(folder, case):
     from triton_omni.models.context import ForwardContext
-    from triton_omni.tts.fish import load_fish
-    from triton_omni.tts.qwen3_tts import bind_cache
+    from triton_omni.tts.fish.model import load_fish
+    from triton_omni.tts.qwen3_tts.generate import bind_cache
 
     spec, ref = case
     model = load_fish(folder)
@@ -122,7 +122,7 @@ def test_slow_and_fast_logits(folder, case):
 
 
 def test_codec_decoder(folder, case):
-    from triton_omni.tts.fish_codec import load_codec
+    from triton_omni.tts.fish.codec import load_codec
 
     spec, ref = case
     # the package keeps its rope tables and masks as state; the release file need not hold them
@@ -134,10 +134,10 @@ def test_codec_decoder(folder, case):
 
 
 def test_codec_encoder(folder, case):
-    """A clip's codes: omnivoice.resample (torchaudio's kernel) + our encoder against torchaudio's
+    """A clip's codes: media.audio_signal.resample (torchaudio's kernel) + our encoder against torchaudio's
     resample + the package's DAC.encode (encoder, downsample, pre_module, both quantizers)."""
-    from triton_omni.tts.fish_codec import load_codec_encoder
-    from triton_omni.tts.omnivoice import resample
+    from triton_omni.media.audio_signal import resample
+    from triton_omni.tts.fish.codec import load_codec_encoder
 
     spec, ref = case
     clip = resample(torch.tensor(spec["clip"], dtype=torch.float32), CLIP_RATE, 44100)
@@ -155,11 +155,11 @@ def test_codec_encoder(folder, case):
 
 
 def test_clone_prompt(folder, case):
-    """The cloning prompt: fish.prompt_ids against the package's ContentSequence encoding of the parts,
+    """The cloning prompt: fish.model.prompt_ids against the package's ContentSequence encoding of the parts,
     and the served pre step (a WAV clip: decode, resample, encode, prompt) against the reference's
     prompt with the reference's codes of that clip."""
     from triton_omni.text.tokenizer import load_tokenizer
-    from triton_omni.tts.fish import FishConfig, prompt_ids
+    from triton_omni.tts.fish.model import FishConfig, prompt_ids
     from tests.test_tts_omnivoice import request
 
     spec, ref = case

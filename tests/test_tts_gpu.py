@@ -13,7 +13,7 @@ from triton_omni.ar.engine import LLMEngine
 from triton_omni.ar.sampling import SamplingParams
 from triton_omni.models.registry import load_causal_lm
 from triton_omni.runtime.step import StepContext
-from triton_omni.tts.codec import OrpheusCodec, OrpheusCodecParams
+from triton_omni.tts.orpheus.codec import OrpheusCodec, OrpheusCodecParams
 from tests.test_tts_orpheus import as_requests, audio_tokens, talk
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

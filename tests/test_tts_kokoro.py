@@ -21,10 +21,10 @@ import torch
 from triton_omni.media import audio
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.step import Request, ResponseSink, StepContext
-from triton_omni.tts.kokoro import MAX_PHONEMES, WEIGHTS_FILE, Kokoro, load_voice, voice_style
-from triton_omni.tts.kokoro_steps import (KokoroPre, KokoroPreParams, KokoroSynth, KokoroSynthParams,
-                                              SpeechChunks, SpeechChunksParams)
-from triton_omni.tts.kokoro_text import LANGUAGES, Phonemizer, check_phonemes, segments, to_kokoro
+from triton_omni.tts.chunking import SpeechChunks, SpeechChunksParams
+from triton_omni.tts.kokoro.model import MAX_PHONEMES, WEIGHTS_FILE, Kokoro, load_voice, voice_style
+from triton_omni.tts.kokoro.steps import KokoroPre, KokoroPreParams, KokoroSynth, KokoroSynthParams
+from triton_omni.tts.kokoro.text import LANGUAGES, Phonemizer, check_phonemes, segments, to_kokoro
 from triton_omni.tts.request import Speech
 from tests.conftest import TINY, assert_int16_equal, rounds_until_batched, running_server, wav_pcm16
 from tests.test_tts_orpheus import speech_request
@@ -147,7 +147,7 @@ def test_speed_divides_durations(folder, model):
 def test_batched_rows_keep_their_durations(folder, model):
     """Rows batched (padded text side) get the same durations and F0 as alone. Their samples differ
     in the last bits' consequences: the vocoder reads its source's STFT phase, which jumps where a
-    bin is near silent, so a rounding-level change of F0 moves samples (see kokoro.py)."""
+    bin is near silent, so a rounding-level change of F0 moves samples (see python_backends/tts/kokoro/model.py)."""
     pss = [HELLO, "hˈI"]
     styles = torch.cat([style_for(folder, "af_heart", p) for p in pss])
     alone = [model.synthesize([ids_of(model, p)], styles[i:i + 1], torch.tensor([1.0]), [None])[0]

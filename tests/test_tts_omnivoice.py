@@ -28,12 +28,14 @@ import pytest
 import torch
 
 from triton_omni.media import audio
+from triton_omni.media.audio_signal import resample
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.step import Request, StepContext
-from triton_omni.tts.omnivoice import (Codec, Job, OmniVoiceModel, Settings, estimate_frames, finish, generate,
-                                           prompt_ids, remove_silence, resample, voice_design)
-from triton_omni.tts.omnivoice_steps import (OmniVoiceCodec, OmniVoiceCodecParams, OmniVoiceGenerate,
-                                                 OmniVoiceGenerateParams, OmniVoicePre, OmniVoicePreParams)
+from triton_omni.tts.omnivoice.codec import Codec, finish, remove_silence
+from triton_omni.tts.omnivoice.model import (Job, OmniVoiceModel, Settings, estimate_frames, generate, prompt_ids,
+                                             voice_design)
+from triton_omni.tts.omnivoice.steps import (OmniVoiceCodec, OmniVoiceCodecParams, OmniVoiceGenerate,
+                                             OmniVoiceGenerateParams, OmniVoicePre, OmniVoicePreParams)
 from tests.conftest import TINY, assert_int16_equal, rounds_until_batched, running_server, wav_pcm16
 from tests.test_tts_orpheus import speech_request
 from tests.test_tts_qwen3_clone import clip

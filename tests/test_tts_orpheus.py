@@ -14,11 +14,11 @@ from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.step import Request, ResponseSink, StepContext, string_array
 from triton_omni.text.tokenizer import load_tokenizer
 from triton_omni.tts.chunking import ChunkPlan
-from triton_omni.tts.codec import OrpheusCodec, OrpheusCodecParams
-from triton_omni.tts.orpheus import OrpheusTokens, frames_to_codes
-from triton_omni.tts.pre import OrpheusPre, OrpheusPreParams
+from triton_omni.tts.orpheus.codec import OrpheusCodec, OrpheusCodecParams
+from triton_omni.tts.orpheus.pre import OrpheusPre, OrpheusPreParams
+from triton_omni.tts.orpheus.talker import ChunkedSink, chunk_plan
+from triton_omni.tts.orpheus.tokens import OrpheusTokens, frames_to_codes
 from triton_omni.tts.request import Speech
-from triton_omni.tts.talker import ChunkedSink, chunk_plan
 
 TPF = 7
 

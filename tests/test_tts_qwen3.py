@@ -25,11 +25,11 @@ import pytest
 import torch
 
 from triton_omni.converters.tiny import build
-from converters.tiny_qwen3_tts import BUILDERS
+from triton_omni.converters.tiny_qwen3_tts import BUILDERS
 from triton_omni.text.tokenizer import load_tokenizer
-from triton_omni.tts.qwen3_tts import (Qwen3TTS, SubtalkerSampler, assistant_text, bind_cache, generate_codes,
-                                           instruct_text, load_qwen3_tts, prefill)
-from triton_omni.tts.qwen3_tts_codec import load_codec
+from triton_omni.tts.qwen3_tts.codec import load_codec
+from triton_omni.tts.qwen3_tts.generate import bind_cache, generate_codes, prefill
+from triton_omni.tts.qwen3_tts.model import Qwen3TTS, SubtalkerSampler, assistant_text, instruct_text, load_qwen3_tts
 
 ROOT = Path(__file__).resolve().parent.parent
 REF_PYTHON = Path(os.environ.get("QWEN_TTS_PYTHON", ROOT / ".venv-qwentts" / "bin" / "python"))

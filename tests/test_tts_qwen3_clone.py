@@ -1,4 +1,4 @@
-"""Qwen3-TTS voice cloning (Base checkpoints): python_backends/tts/qwen3_tts_clone.py and the clone prompt
+"""Qwen3-TTS voice cloning (Base checkpoints): python_backends/tts/qwen3_tts/clone.py and the clone prompt
 of Qwen3TTS.build_prompt against the official `qwen-tts` package, then served (`qwen3_tts_base`).
 
 Parity (fp32, CPU; the package runs in .venv-qwentts as tests/ref/qwen3_tts_clone_ref.py, as in
@@ -24,10 +24,12 @@ import pytest
 import torch
 
 from triton_omni.media import audio
+from triton_omni.media.audio_signal import mel_filters
 from triton_omni.text.tokenizer import load_tokenizer
-from triton_omni.tts.qwen3_tts import assistant_text, generate_codes, load_qwen3_tts, reference_text
-from triton_omni.tts.qwen3_tts_clone import VoiceCloner, mel_filters, mel_spectrogram
-from triton_omni.tts.qwen3_tts_codec import load_codec
+from triton_omni.tts.qwen3_tts.clone import VoiceCloner, mel_spectrogram
+from triton_omni.tts.qwen3_tts.codec import load_codec
+from triton_omni.tts.qwen3_tts.generate import generate_codes
+from triton_omni.tts.qwen3_tts.model import assistant_text, load_qwen3_tts, reference_text
 from tests.conftest import running_server
 from tests.test_tts_qwen3_server import audio_s16
 from tests.test_tts_server import SpeechError, fails_beside, stream_speech

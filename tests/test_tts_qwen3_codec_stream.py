@@ -1,4 +1,4 @@
-"""The Qwen3-TTS decoder's stateful streaming (python_backends/tts/qwen3_tts_codec_stream.py) on the tiny
+"""The Qwen3-TTS decoder's stateful streaming (python_backends/tts/qwen3_tts/codec_stream.py) on the tiny
 checkpoint: chunks decoded one after another with carried state concatenate to the whole-utterance
 decode; streams at different points batch together; each chunk costs only its own frames."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from triton_omni.converters.tiny import build
-from triton_omni.tts.qwen3_tts_codec import load_codec
-from triton_omni.tts.qwen3_tts_codec_stream import StreamingDecoder, StreamState
+from triton_omni.tts.qwen3_tts.codec import load_codec
+from triton_omni.tts.qwen3_tts.codec_stream import StreamingDecoder, StreamState
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMES = 64                     # > the transformer's window (8) and the receptive field (27 frames) of the tiny config

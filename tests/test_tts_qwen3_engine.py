@@ -17,7 +17,8 @@ from triton_omni.ar.sampling import SamplingParams
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.step import Request, ResponseSink, StepContext, string_array
 from triton_omni.text.tokenizer import load_tokenizer
-from triton_omni.tts.qwen3_tts import assistant_text, generate_codes, load_qwen3_tts, talker_engine
+from triton_omni.tts.qwen3_tts.generate import generate_codes
+from triton_omni.tts.qwen3_tts.model import assistant_text, load_qwen3_tts, talker_engine
 
 CASES = [("The quick brown fox jumps over the lazy dog.", "English", "Ryan", False),   # text streamed per step
          ("Hello there.", "Auto", "vivian", False),
@@ -146,7 +147,8 @@ class Collect(ResponseSink):
 
 
 def test_talker_frames_step_streams_the_engine_frames(folder, prompts):
-    from triton_omni.tts.qwen3_tts_steps import TalkerFrames, TalkerFramesParams
+    from triton_omni.tts.frame_talker import TalkerFramesParams
+    from triton_omni.tts.qwen3_tts.talker import TalkerFrames
 
     tokenizer = load_tokenizer(folder)
     params = TalkerFramesParams(checkpoint=str(folder), max_num_seqs=4, max_model_len=128, block_size=8)

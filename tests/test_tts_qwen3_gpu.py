@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from triton_omni.converters.tiny import build
-from triton_omni.tts.qwen3_tts import assistant_text, bind_cache, load_qwen3_tts, prefill
-from triton_omni.tts.qwen3_tts_codec import load_codec
+from triton_omni.tts.qwen3_tts.codec import load_codec
+from triton_omni.tts.qwen3_tts.generate import bind_cache, prefill
+from triton_omni.tts.qwen3_tts.model import assistant_text, load_qwen3_tts
 from tests.test_tts_qwen3 import ROOT, VARIANTS, _random_codes
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -95,7 +96,7 @@ def test_engine_graph_decode_equals_eager_and_one_by_one(folder, kernels_on):
     from triton_omni.ar.config import EngineConfig
     from triton_omni.ar.sampling import SamplingParams
     from triton_omni.text.tokenizer import load_tokenizer
-    from triton_omni.tts.qwen3_tts import talker_engine
+    from triton_omni.tts.qwen3_tts.model import talker_engine
 
     tokenizer = load_tokenizer(folder)
     texts = ["The quick brown fox jumps over the lazy dog.", "Hello there.", "Numbers 0123456789 and punctuation.",
@@ -126,7 +127,7 @@ def test_codec_state_pool_graphs_equal_eager(folder):
     """The served codec's calls (StatePool): replayed as CUDA graphs per (rows, frames) they give the
     samples and states of eager calls, for streams interleaved at different points, padded with the
     scratch row, in chunks of the plan's sizes."""
-    from triton_omni.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
+    from triton_omni.tts.qwen3_tts.codec_stream import StatePool, StreamingDecoder
 
     codec = load_codec(folder, "cuda")
     eager = StatePool(StreamingDecoder(codec.decoder), 4)

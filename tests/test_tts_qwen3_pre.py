@@ -1,4 +1,4 @@
-"""The served Qwen3-TTS pre step (python_backends/tts/qwen3_tts_serve.py) on the tiny checkpoints, no server:
+"""The served Qwen3-TTS pre step (python_backends/tts/qwen3_tts/serve.py) on the tiny checkpoints, no server:
 `language` and `instructions` become the talker's inputs, and the prompt length pre budgets the text
 against is the length of the prompt the talker builds from them (language tag, dialect speakers,
 instruction tokens)."""
@@ -15,8 +15,8 @@ from triton_omni.converters.tiny import build
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.step import Request, StepContext, string_array
 from triton_omni.text.tokenizer import load_tokenizer
-from triton_omni.tts.qwen3_tts import instruct_text, load_qwen3_tts
-from triton_omni.tts.qwen3_tts_serve import Qwen3TTSPre, Qwen3TTSPreParams
+from triton_omni.tts.qwen3_tts.model import instruct_text, load_qwen3_tts
+from triton_omni.tts.qwen3_tts.serve import Qwen3TTSPre, Qwen3TTSPreParams
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -64,8 +64,9 @@ def test_streamed_chunks_equal_the_non_streamed_audio(server):
 @pytest.mark.parametrize("language", [None, "German"])
 def test_wav_equals_the_in_process_talker_and_codec(server, tiny_checkpoints, language):
     from triton_omni.text.tokenizer import load_tokenizer
-    from triton_omni.tts.qwen3_tts import assistant_text, generate_codes, load_qwen3_tts
-    from triton_omni.tts.qwen3_tts_codec import load_codec
+    from triton_omni.tts.qwen3_tts.codec import load_codec
+    from triton_omni.tts.qwen3_tts.generate import generate_codes
+    from triton_omni.tts.qwen3_tts.model import assistant_text, load_qwen3_tts
 
     text, frames = "The quick brown fox jumps over the lazy dog.", 16
     chosen = {"language": language} if language else {}

@@ -1,4 +1,4 @@
-"""The served Qwen3-TTS codec step with its decoder state (python_backends/tts/qwen3_tts_serve.py), driven
+"""The served Qwen3-TTS codec step with its decoder state (python_backends/tts/qwen3_tts/serve.py), driven
 directly on the tiny checkpoint with what the talker's sink sends (no server).
 
 Checked: the talker's sink sends whole chunks of new frames only, a stream id and the first frame's index;
@@ -21,8 +21,8 @@ from triton_omni.converters.tiny import build
 from triton_omni.runtime.errors import Unavailable
 from triton_omni.runtime.step import Request, ResponseSink, StepContext, string_array
 from triton_omni.tts.chunking import ChunkPlan
-from triton_omni.tts.qwen3_tts_codec import load_codec
-from triton_omni.tts.qwen3_tts_serve import FrameChunkSink, Qwen3TTSCodecParams, Qwen3TTSCodecStep
+from triton_omni.tts.qwen3_tts.codec import load_codec
+from triton_omni.tts.qwen3_tts.serve import FrameChunkSink, Qwen3TTSCodecParams, Qwen3TTSCodecStep
 from triton_omni.tts.request import Speech
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Our SNAC decoder (python_backends/tts/snac.py) against the `snac` package, and the properties
+"""Our SNAC decoder (python_backends/tts/orpheus/snac.py) against the `snac` package, and the properties
 streaming relies on: windows with the computed context equal the whole decode, bit for bit.
 
 The reference's NoiseBlock draws `torch.randn` on every decode. Parity is checked both ways: with
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from triton_omni.converters.tiny_tts import SNAC_TINY_CONFIG, snac_24khz
-from triton_omni.tts.snac import PositionalNoise, RandnNoise, load_snac, positional_normal
+from triton_omni.tts.orpheus.snac import PositionalNoise, RandnNoise, load_snac, positional_normal
 
 snac = pytest.importorskip("snac")
 

@@ -1,6 +1,6 @@
 """The Qwen3-TTS codec step's decoder calls alone, at the release decoder's size (random float32 weights,
 as bench_tts.py writes them): milliseconds per call of the served stateful decode (StatePool in
-python_backends/tts/qwen3_tts_codec_stream.py) for the chunk shapes the server makes: rows (streams in
+python_backends/tts/qwen3_tts/codec_stream.py) for the chunk shapes the server makes: rows (streams in
 one call, padded to powers of two as on a GPU) x frames (the first chunk's 3, later chunks' 12), eager
 (a Python walk over ~1,300 kernels) and replayed as one CUDA graph per shape.
 
@@ -26,8 +26,8 @@ import torch
 from perf_analyzer_configs import results
 from perf_analyzer_configs.benchmarks.common import device_name, versions
 from perf_analyzer_configs.benchmarks.tts_checkpoints import write_qwen3_tts
-from triton_omni.tts.qwen3_tts_codec import load_codec
-from triton_omni.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
+from triton_omni.tts.qwen3_tts.codec import load_codec
+from triton_omni.tts.qwen3_tts.codec_stream import StatePool, StreamingDecoder
 
 BUSY = """
 import sys, torch

@@ -224,8 +224,8 @@ def orpheus_baseline(ctx):
     from transformers import LlamaForCausalLM
 
     from triton_omni.text.tokenizer import load_tokenizer
-    from triton_omni.tts.orpheus import OrpheusTokens, frames_to_codes
-    from triton_omni.tts.talker import chunk_plan
+    from triton_omni.tts.orpheus.talker import chunk_plan
+    from triton_omni.tts.orpheus.tokens import OrpheusTokens, frames_to_codes
 
     tok = load_tokenizer(ctx.folder)
     tokens = OrpheusTokens.from_tokenizer(tok)
@@ -265,7 +265,7 @@ def kokoro_baseline(ctx):
     import importlib.util
     import types
 
-    from triton_omni.tts.kokoro import WEIGHTS_FILE, load_voice, lstm_cudnn, voice_style
+    from triton_omni.tts.kokoro.model import WEIGHTS_FILE, load_voice, lstm_cudnn, voice_style
 
     if "kokoro" not in sys.modules:      # kokoro/model.py alone: the package's __init__ pulls in misaki, spaCy
         package = types.ModuleType("kokoro")

@@ -13,7 +13,7 @@ from triton_omni.converters.tiny_tts import KOKORO_TINY_CONFIG, KOKORO_VOCAB, SN
 
 TEXT = ("The quick brown fox jumps over the lazy dog near the river, while seven small birds sing "
         "their morning songs in the old oak tree.")
-# TEXT through python_backends/tts/kokoro_text.Phonemizer (espeak-ng 1.51, voice af_heart: en-us)
+# TEXT through python_backends/tts/kokoro/text.Phonemizer (espeak-ng 1.51, voice af_heart: en-us)
 PHONEMES = ("ðə kwˈɪk bɹˈWn fˈɑks ʤˈʌmps ˌOvəɹ ðə lˈAzi dˈɑɡ nˌɪɹ ðə ɹˈɪvəɹ, wˌIl sˈɛvən smˈɔl bˈɜɹdz "
             "sˈɪŋ ðɛɹ mˈɔɹnɪŋ sˈɔŋz ɪnðɪ ˈOld ˈOk tɹˈi.")
 AUDIO_CUSTOM = 10 + 7 * 4096 + 2            # Orpheus' <custom_token_N> after the text vocabulary
@@ -114,7 +114,7 @@ def write_orpheus(root: Path, shapes: str, device: str, dtype) -> tuple[Path, Pa
 
 def write_kokoro(root: Path, shapes: str) -> Path:
     """hexgrad/Kokoro-82M's layout (config.json, kokoro-v1_0.pth, voices/af_heart.pt)."""
-    from triton_omni.tts.kokoro import WEIGHTS_FILE, Kokoro, release_state_dicts
+    from triton_omni.tts.kokoro.model import WEIGHTS_FILE, Kokoro, release_state_dicts
 
     folder = root / f"{shapes}-kokoro"
     if (folder / WEIGHTS_FILE).exists():
@@ -142,8 +142,8 @@ def write_qwen3_tts(root: Path, shapes: str, device: str, dtype) -> Path:
     from safetensors.torch import save_file
 
     from triton_omni.converters import tiny_qwen3_tts as tq
-    from triton_omni.tts.qwen3_tts import Qwen3TTS, Qwen3TTSConfig
-    from triton_omni.tts.qwen3_tts_codec import Qwen3TTSCodec
+    from triton_omni.tts.qwen3_tts.model import Qwen3TTS, Qwen3TTSConfig
+    from triton_omni.tts.qwen3_tts.codec import Qwen3TTSCodec
 
     folder = root / f"{shapes}-qwen3_tts"
     done = folder / ".complete"

@@ -53,8 +53,8 @@ def main():
 
     from perf_analyzer_configs.benchmarks.tts_checkpoints import PHONEMES, write_kokoro
     from triton_omni.runtime.step import Request, StepContext
-    from triton_omni.tts.kokoro import load_voice, voice_style
-    from triton_omni.tts.kokoro_steps import KokoroSynth, KokoroSynthParams
+    from triton_omni.tts.kokoro.model import load_voice, voice_style
+    from triton_omni.tts.kokoro.steps import KokoroSynth, KokoroSynthParams
     from triton_omni.tts.request import Speech
 
     torch.set_grad_enabled(False)

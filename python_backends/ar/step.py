@@ -70,7 +70,7 @@ class ARParams(EngineConfig):
 
 
 @dataclass(eq=False)
-class _Reply:
+class Reply:
     """A request's delivery state (touched only by the delivery thread after submit)."""
     sink: ResponseSink
     tokens: TokenStream
@@ -147,7 +147,7 @@ class ARDecode(Step):
             sys.setswitchinterval(self.params.gil_switch_interval_us / 1e6)
         self.engine = self.make_engine(ctx.checkpoint(self.params.checkpoint))
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.live: set[_Reply] = set()
+        self.live: set[Reply] = set()
         self.live_lock = threading.Lock()
         self.aborted: dict[str, float] = {}      # request id -> when its abort arrived early
         self.metrics = {k: Gauge(f"triton_omni_ar_{k}", d, ctx.model_name) for k, d in (
@@ -162,7 +162,7 @@ class ARDecode(Step):
         self.delivery.start()
 
     def make_engine(self, folder) -> LLMEngine:
-        """The engine (a subclass may decode another kind of model: see tts/qwen3_tts_steps.py)."""
+        """The engine (a subclass may decode another kind of model: see tts/frame_talker.py)."""
         engine, tokenizer = build_engine(folder, self.params, self.ctx.device)
         self.token_bytes = token_byte_table(tokenizer)
         return engine
@@ -177,7 +177,7 @@ class ARDecode(Step):
             raise InvalidInput("input_ids", "expected a 1-D list of token ids")
         params = SamplingParams.from_resolved(request.json("sampling"))    # the pre step checked it
         streaming = bool(request.scalar("stream", False))
-        reply = _Reply(sink, TokenStream(self.token_bytes, params.stop), streaming, int(ids.shape[0]))
+        reply = Reply(sink, TokenStream(self.token_bytes, params.stop), streaming, int(ids.shape[0]))
         self.start(request, reply, ids, params)
 
     def handle_abort(self, request: Request, sink: ResponseSink) -> bool:
@@ -191,7 +191,7 @@ class ARDecode(Step):
         sink.send({}, final=True)
         return True
 
-    def start(self, request: Request, reply: _Reply, prompt, params: SamplingParams) -> None:
+    def start(self, request: Request, reply: Reply, prompt, params: SamplingParams) -> None:
         """Queue the request on the engine; its outputs go to the delivery thread."""
         self.requests_started += 1
         reply.seq = self.engine.add(prompt, params,
@@ -232,7 +232,7 @@ class ARDecode(Step):
     def _deliver_batch(self, items) -> None:
         """Engine outputs queued since the last round, merged per reply: when sending falls behind
         the engine, a response carries several tokens instead of the backlog growing."""
-        merged: dict[_Reply, list] = {}
+        merged: dict[Reply, list] = {}
         for reply, new, reason in items:
             entry = merged.setdefault(reply, [[], None, False])
             if reason == CANCEL:
@@ -248,7 +248,7 @@ class ARDecode(Step):
             else:
                 self._deliver(reply, new, reason)
 
-    def _deliver(self, reply: _Reply, new: list[int], reason: str | None) -> None:
+    def _deliver(self, reply: Reply, new: list[int], reason: str | None) -> None:
         released, stop_hit = reply.tokens.push(new)
         if stop_hit is not None:
             self.engine.abort(reply.seq)
@@ -274,7 +274,7 @@ class ARDecode(Step):
         n = self.params.stream_interval
         return n if n > 0 else 1 + len(self.live) // STREAMS_PER_TOKEN
 
-    def _send(self, reply: _Reply, context: list[int], new: list[int], stop: str | None, reason: str | None) -> None:
+    def _send(self, reply: Reply, context: list[int], new: list[int], stop: str | None, reason: str | None) -> None:
         self.requests_finished += reason is not None
         reply.n_responses += 1
         reply.sink.send({
@@ -286,12 +286,12 @@ class ARDecode(Step):
             "completion_tokens": np.asarray([reply.n_released], dtype=np.int32),
         }, final=reason is not None)
 
-    def _close(self, reply: _Reply) -> None:
+    def _close(self, reply: Reply) -> None:
         with self.live_lock:
             reply.done = True
             self.live.discard(reply)
 
-    def _cancel(self, reply: _Reply) -> None:
+    def _cancel(self, reply: Reply) -> None:
         """End a cancelled request with a normal final response: an error mid-stream would not
         reach the model's front (Triton 2.51 drops it on the way to a BLS caller)."""
         self._close(reply)

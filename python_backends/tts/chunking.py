@@ -10,6 +10,9 @@ e + right exists; at the end of the utterance the rest is one last chunk.
 Everything is a pure function of frame counts, so the streamed path (many small steps) and the
 non-streamed path (one step with every frame) cut the same chunks and decode the same windows:
 concatenated streamed audio equals the non-streamed audio.
+
+Models that make a request's audio whole (Kokoro, OmniVoice) stream it through `speech_chunks`,
+which cuts the finished waveform: a small first chunk, then equal larger ones.
 """
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ import numpy as np
 import torch
 
 from triton_omni.runtime.params import torch_dtype
-from triton_omni.runtime.step import Request, Step, StepContext
-from triton_omni.tts.request import AUDIO_CHUNK_OUTPUTS
+from triton_omni.runtime.spec import TensorSpec
+from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
+from triton_omni.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, Speech, as_numpy
 
 
 @dataclass(frozen=True)
@@ -154,3 +158,47 @@ class ChunkedCodec(Step):
                           "finish_reason": req.get("finish_reason"),
                           "speech": req.get("speech")}
         return results
+
+
+@dataclass
+class SpeechChunksParams:
+    first_chunk_ms: int = 200           # small, so that a player starts at once
+    chunk_ms: int = 1000
+
+
+@register("speech_chunks")
+class SpeechChunks(Step):
+    """A whole waveform -> one response (not streaming) or chunks of it, the last one final with
+    finish_reason `stop`: for models that make a request's audio at once."""
+    decoupled = True
+    inputs = (
+        TensorSpec("waveform", "TYPE_FP32", (-1,)),
+        TensorSpec("sample_rate", "TYPE_INT32", (1,)),
+        SPEECH,
+    )
+    outputs = AUDIO_CHUNK_OUTPUTS
+    Params = SpeechChunksParams
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        if self.params.first_chunk_ms < 1 or self.params.chunk_ms < 1:
+            raise ValueError("first_chunk_ms and chunk_ms must be >= 1")
+
+    def cuts(self, samples: int, rate: int) -> list[int]:
+        """Chunk ends: the first after first_chunk_ms, then every chunk_ms, the last at the end."""
+        first, size = rate * self.params.first_chunk_ms // 1000, rate * self.params.chunk_ms // 1000
+        return list(range(max(first, 1), samples, max(size, 1))) + [samples]
+
+    def submit(self, request: Request, sink: ResponseSink) -> None:
+        """All of it at once: the audio is there already (no cancellation to watch for)."""
+        wave, rate = as_numpy(request.get("waveform")), int(request.scalar("sample_rate"))
+        speech = request.get("speech")
+        ends = self.cuts(len(wave), rate) if Speech.from_request(request).stream else [len(wave)]
+        start = 0
+        for n, end in enumerate(ends):
+            last = n == len(ends) - 1
+            sink.send({"waveform": np.ascontiguousarray(wave[start:end], dtype=np.float32),
+                       "sample_rate": np.asarray([rate], dtype=np.int32),
+                       "finish_reason": string_array("stop" if last else ""),
+                       "speech": speech}, final=last)
+            start = end

@@ -145,11 +145,11 @@ def reference_clip(req: Request, rate: int | None, min_seconds: float, max_secon
 def read_reference(req: Request, rate: int, min_seconds: float, max_seconds: float, max_text_chars: int,
                    why_transcript: str):
     """(clip [S] as a float32 tensor at `rate`, transcript), as Fish S2 and OmniVoice read theirs: decoded at
-    the file's own rate, resampled with torchaudio's kernel (omnivoice.resample; FFmpeg's gives other
+    the file's own rate, resampled with torchaudio's kernel (media.audio_signal.resample; FFmpeg's gives other
     samples); the transcript is required, `why_transcript` says why."""
     import torch
 
-    from triton_omni.tts.omnivoice import resample
+    from triton_omni.media.audio_signal import resample
 
     wave, own = reference_clip(req, None, min_seconds, max_seconds)      # one decode, at the file's rate
     transcript = reference_transcript(req)
@@ -183,3 +183,8 @@ def reject_reference(req: Request, voices: list[str]) -> None:
     for name in ("reference_audio", "reference_text"):
         if has_value(req, name):
             raise InvalidInput(name, f"this model does not clone voices; choose a voice ({', '.join(voices)})")
+
+
+def as_numpy(value) -> np.ndarray:
+    """An input tensor as numpy: a GPU step may be handed torch tensors."""
+    return value.cpu().numpy() if hasattr(value, "cpu") else np.asarray(value)

@@ -1,5 +1,5 @@
 """OmniVoice's steps (ensemble_configs/omnivoice_tts.yaml): pre -> generate -> codec -> speech_chunks ->
-speech_post (python_backends/tts/omnivoice.py has the model and how it generates).
+speech_post (python_backends/tts/omnivoice/model.py has the model and how it generates).
 
 `omnivoice_pre`       speech inputs -> prompt token ids, the number of frames to generate (the release's
                       duration estimate, divided by `speed`), the sampling temperature and `speech`
@@ -39,11 +39,11 @@ from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
 from triton_omni.text.tokenizer import load_tokenizer
-from triton_omni.tts.omnivoice import (Codec, CodecEncoder, Job, OmniVoiceModel, Settings, codec_sizes,
-                                           estimate_frames, finish, generate, prepare_reference, prompt_ids,
-                                           punctuate, voice_design)
-from triton_omni.tts.request import (SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, has_reference, parse_speech,
-                                         read_reference)
+from triton_omni.tts.omnivoice.codec import Codec, CodecEncoder, codec_sizes, finish, prepare_reference
+from triton_omni.tts.omnivoice.model import (Job, OmniVoiceModel, Settings, estimate_frames, generate, prompt_ids,
+                                             punctuate, voice_design)
+from triton_omni.tts.request import (SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, as_numpy, has_reference,
+                                     parse_speech, read_reference)
 
 AUTO = "auto"
 
@@ -147,11 +147,6 @@ class OmniVoiceGenerateParams:
     t_shift: float = 0.1
     layer_penalty_factor: float = 5.0
     position_temperature: float = 5.0
-
-
-def as_numpy(value) -> np.ndarray:
-    """A GPU step may be handed torch tensors."""
-    return value.cpu().numpy() if hasattr(value, "cpu") else np.asarray(value)
 
 
 @register("omnivoice_generate")

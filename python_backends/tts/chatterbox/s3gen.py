@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
-from triton_omni.tts.chatterbox import read_config
+from triton_omni.tts.chatterbox.t3 import read_config
 
 SAMPLE_RATE = 24000
 MELS = 80

@@ -17,7 +17,7 @@ from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
 from triton_omni.text.tokenizer import load_tokenizer
-from triton_omni.tts.orpheus import TOKENS_PER_FRAME, VOICES, OrpheusTokens
+from triton_omni.tts.orpheus.tokens import TOKENS_PER_FRAME, VOICES, OrpheusTokens
 from triton_omni.tts.request import SPEECH, SPEECH_INPUTS, Speech, parse_speech, reject_reference
 
 MIN_AUDIO_FRAMES = 12        # a prompt must leave room for about a second of audio

@@ -1,83 +1,41 @@
-"""`talker_frames`: the Qwen3-TTS talker as a decoupled step on the AR engine, frames streamed out.
-
-The AR step's machinery is reused as is (engine loop thread, delivery thread, aborts and cancellation
-checks); only what goes in and comes out differs: a request's text tokens, language, speaker (and an
-instruction) become a `TalkerPrompt` of embeddings, and each response carries the frames [F, N] sampled
-since the last one (streaming) or all of them at the end. `speech` is passed along for a codec step.
+"""`talker_frames`: the Qwen3-TTS talker as a decoupled step on the AR engine, frames streamed out
+(tts/frame_talker.py has the engine side): a request's text tokens, language, speaker (and an
+instruction, or a cloned voice) become a `TalkerPrompt` of embeddings.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 
-from triton_omni.ar.engine import LLMEngine
 from triton_omni.ar.sampling import FIELD, SamplingParams
-from triton_omni.ar.step import ARDecode, ARParams, _Reply, enable_kernels
 from triton_omni.runtime.errors import InvalidInput
-from triton_omni.runtime.front import ABORT_INPUT
-from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
-from triton_omni.runtime.step import Request, ResponseSink, register, string_array
-from triton_omni.tts.qwen3_tts import load_qwen3_tts, talker_engine
-from triton_omni.tts.request import SPEECH, Speech
+from triton_omni.runtime.step import Request, ResponseSink, register
+from triton_omni.tts.frame_talker import FrameReply, FrameTalker
+from triton_omni.tts.qwen3_tts.model import load_qwen3_tts, talker_engine
+from triton_omni.tts.request import Speech
 
 # the reference's generate() defaults, for code 0 and the code predictor alike
 REFERENCE_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0}
 REFERENCE_REPETITION_PENALTY = 1.05
 
 
-@dataclass
-class TalkerFramesParams(ARParams):
-    pass
-
-
-@dataclass(eq=False)
-class _FrameReply(_Reply):
-    speech: np.ndarray | None = None
-
-
 @register("talker_frames")
-class TalkerFrames(ARDecode):
+class TalkerFrames(FrameTalker):
     inputs = (
-        TensorSpec("input_ids", "TYPE_INT32", (-1,), optional=True),     # tokens of qwen3_tts.assistant_text(text)
+        FrameTalker.inputs[0],                                           # tokens of model.assistant_text(text)
         TensorSpec("instruct_ids", "TYPE_INT32", (-1,), optional=True),  # tokens of instruct_text(instruction)
         TensorSpec("language", "TYPE_STRING", (1,), optional=True),
         TensorSpec("speaker", "TYPE_STRING", (1,), optional=True),
         TensorSpec("non_streaming", "TYPE_BOOL", (1,), optional=True),   # the whole text in the prompt
-        # a cloned voice (Base; python_backends/tts/qwen3_tts_clone.py), empty or absent for none: its
+        # a cloned voice (Base; python_backends/tts/qwen3_tts/clone.py), empty or absent for none: its
         # x-vector [H]; for ICL the reference's frames [F * N] and the tokens of reference_text(transcript)
         TensorSpec("speaker_embed", "TYPE_FP32", (-1,), optional=True),
         TensorSpec("ref_codes", "TYPE_INT32", (-1,), optional=True),
         TensorSpec("ref_ids", "TYPE_INT32", (-1,), optional=True),
-        TensorSpec("sampling", "TYPE_STRING", (1,), optional=True),
-        TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
-        TensorSpec("speech", "TYPE_STRING", (1,), optional=True),
-        TensorSpec(ABORT_INPUT, "TYPE_STRING", (1,), optional=True, control=True),
+        *FrameTalker.inputs[1:],                                         # sampling, stream, speech, abort
     )
-    outputs = (
-        TensorSpec("codes", "TYPE_INT32", (-1, -1)),          # [frames, N], codebook 0 first
-        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),  # frames so far
-        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
-        SPEECH,
-    )
-    Params = TalkerFramesParams
-    # the model decoded: load_model(folder, device, dtype) and model_engine(model, engine config) are
-    # all that a talker of another model (fish_steps.FishTalker) changes
     load_model = staticmethod(load_qwen3_tts)
     model_engine = staticmethod(talker_engine)
-
-    def make_engine(self, folder) -> LLMEngine:
-        p = self.params
-        if p.load_format != "auto":
-            raise ValueError("load_format must be 'auto'")
-        self.model = self.load_model(folder, self.ctx.device, torch_dtype(p.dtype))
-        enable_kernels(self.ctx.device, p.use_triton_kernels)
-        engine = self.model_engine(self.model, p.engine_config())
-        if engine.runner.use_graphs:
-            engine.runner.capture_graphs()
-        return engine
 
     # -- Triton's thread ----------------------------------------------------------------------
     def submit(self, request: Request, sink: ResponseSink) -> None:
@@ -105,7 +63,7 @@ class TalkerFrames(ARDecode):
             raise InvalidInput("language" if str(exc).startswith("language") else "speaker", str(exc)) from None
         prompt.repetition_penalty = float(penalty)
         speech = request.get("speech")
-        reply = _FrameReply(sink, None, bool(request.scalar("stream", False)), len(prompt),
+        reply = FrameReply(sink, None, bool(request.scalar("stream", False)), len(prompt),
                             speech=speech.reshape(1) if speech is not None else Speech(seed=0).tensor())
         self.start(request, reply, prompt, params)
 
@@ -140,26 +98,3 @@ class TalkerFrames(ARDecode):
         if ids.ndim != 1 or ((ids < 0) | (ids >= vocab)).any():
             raise InvalidInput(name, f"expected a 1-D list of token ids in [0, {vocab})")
         return ids.tolist()
-
-    # -- the delivery thread ------------------------------------------------------------------
-    def _deliver(self, reply: _FrameReply, new: list[list[int]], reason: str | None) -> None:
-        reply.n_released += len(new)
-        if not reply.streaming:
-            reply.unsent += new
-            if reason is None:
-                return
-            new, reply.unsent = reply.unsent, []
-        elif not new and reason is None:
-            return
-        self._send(reply, [], new, None, reason)
-        if reason is not None:
-            self._close(reply)
-
-    def _send(self, reply: _FrameReply, context, new: list[list[int]], stop, reason: str | None) -> None:
-        self.requests_finished += reason is not None
-        reply.sink.send({
-            "codes": np.asarray(new, dtype=np.int32).reshape(-1, self.model.num_codes),
-            "completion_tokens": np.asarray([reply.n_released], dtype=np.int32),
-            "finish_reason": string_array(reason or ""),
-            "speech": reply.speech,
-        }, final=reason is not None)

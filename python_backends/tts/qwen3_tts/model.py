@@ -22,11 +22,11 @@ the engine's paged KV cache (the same `DecoderLayer`/`Attention`/`PagedAttention
 engine's cache binding, Triton kernels and CUDA graphs apply unchanged), `compute_logits(hidden)` is
 the codec head, `embed_frame`, `text_at`, `TalkerRules` (the reference's logits processors) and
 `predict_codes` (all rows at once, fixed N-1 sub-steps, device-side, capturable in a CUDA graph: the
-predictor's attention keeps its own dense per-row cache, not the engine's pages, and declares no
-`cache_spec`, so the engine's `cache_layers` sees only the talker's layers).
+predictor's attention, tts/code_predictor.py, keeps its own dense per-row cache, not the engine's
+pages, and declares no `cache_spec`, so the engine's `cache_layers` sees only the talker's layers).
 
-`generate_codes` is a plain loop over all of this (its own small paged cache, no engine): what the
-engine step must do, and what the parity tests run. The same step on the AR engine: `Qwen3TTS` is a
+`generate_codes` (generate.py) is a plain loop over all of this (its own small paged cache, no
+engine): what the engine step must do, and what the parity tests run. The same step on the AR engine: `Qwen3TTS` is a
 frame model (python_backends/ar/model_runner.FrameModel: `allocate_rows`, `admit_row`,
 `prefill_embeds`, `decode_embeds`, `sample_frame`), so `talker_engine` decodes talker prompts with
 continuous batching, a frame per row per step, the whole step on the device.
@@ -43,11 +43,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triton_omni.kernels import dispatch
 from triton_omni.models.context import ForwardContext
 from triton_omni.models.decoder import PACKED, DecoderModel, dense_layer
 from triton_omni.models.loader import load_weights
 from triton_omni.runtime.device import upload
+from triton_omni.tts.code_predictor import PredictorAttention, predictor_step
 
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]     # (logits [B, V], sub-step j) -> codes [B]
 
@@ -137,54 +137,6 @@ class TalkerModel(DecoderModel):
         return x
 
 
-@dataclass
-class PredictorContext:
-    """Where the predictor's one token per row sits (sub-step p): its own cache seen as a paged cache
-    with one block of N slots per row, so the engine's fused kernels serve it."""
-    slot_mapping: torch.Tensor      # [B] row * N + p
-    block_tables: torch.Tensor      # [B, 1] int32: row
-    context_lens: torch.Tensor      # [B] int32: p + 1
-    max_context_len: int            # p + 1 (host)
-
-
-class PredictorAttention(nn.Module):
-    """Attention for the code predictor: one query per row against that row's positions 0..p of a
-    dense cache [rows, N, Hk, D] it owns (every frame rewrites positions 0..N-1 before reading them,
-    so nothing needs clearing). Same call as PagedAttention (q/k norm, rope and the cache write fused,
-    then paged decode attention), but no `cache_spec`: the engine does not bind or size it."""
-
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.k_buf: torch.Tensor | None = None
-        self.v_buf: torch.Tensor | None = None
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                ctx: PredictorContext, rotary, q_norm=None, k_norm=None) -> torch.Tensor:
-        """q: [B, Hq, D], k/v: [B, Hk, D] as projected -> [B, Hq, D]."""
-        q_w, k_w = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
-        eps, zc = (q_norm.eps, q_norm.zero_centered) if q_norm is not None else (0.0, False)
-        q, _ = dispatch.qk_norm_rope_store(q, k, v, q_w, k_w, eps, zc, rotary.cos, rotary.sin, positions,
-                                           self.k_buf, self.v_buf, ctx.slot_mapping)
-        return dispatch.paged_decode_attention(q, self.k_buf, self.v_buf, ctx.block_tables, ctx.context_lens,
-                                               self.scale, ctx.max_context_len)
-
-
-def predictor_step(model: DecoderModel, x: torch.Tensor, position: int, num_slots: int) -> torch.Tensor:
-    """One token per row [B, H] at `position` through `model`'s layers (PredictorAttention: row r's
-    cache is slots r * num_slots ...) and final norm."""
-    b, dev = x.shape[0], x.device
-    rows = torch.arange(b, device=dev)
-    ctx = PredictorContext(rows * num_slots + position, rows.int()[:, None],
-                           torch.full((b,), position + 1, dtype=torch.int32, device=dev), position + 1)
-    positions = torch.full((b,), position, dtype=torch.int64, device=dev)
-    residual = None
-    for layer in model.layers:
-        x, residual = layer(x, residual, positions, ctx)
-    x, _ = model.norm(x, residual)
-    return x
-
-
 class PredictorModel(DecoderModel):
     """`talker.code_predictor.model`: Qwen3 layers + norm; codec_embedding.j embeds code j+1 (talker width)."""
 
@@ -257,7 +209,7 @@ class TalkerPrompt:
 class Qwen3TTS(nn.Module):
     """The release checkpoint's `talker.*` (its `speaker_encoder.*`, Base models only, is skipped:
     preset speakers are codec-embedding rows; a cloned voice's x-vector and reference codes come from
-    python_backends/tts/qwen3_tts_clone.py and are passed to `build_prompt`)."""
+    python_backends/tts/qwen3_tts/clone.py and are passed to `build_prompt`)."""
 
     packed = PACKED
     skip_prefixes = ("speaker_encoder.",)
@@ -563,7 +515,7 @@ def talker_engine(model: Qwen3TTS, config, device=None, dtype=None):
                      eos_token_ids=[model.config.codec_eos_token_id], vocab_size=model.config.talker.vocab_size)
 
 
-# --- loading and a plain generation loop ----------------------------------------------------------
+# --- loading ---------------------------------------------------------------------------------------
 def load_qwen3_tts(folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Qwen3TTS:
     config = Qwen3TTSConfig.from_folder(folder)
     with torch.device(device):
@@ -572,72 +524,3 @@ def load_qwen3_tts(folder: str | Path, device: str | torch.device = "cpu", dtype
     for p in model.parameters():
         p.data = p.data.to(dtype)
     return model.eval()
-
-
-def bind_cache(model: Qwen3TTS, rows: int, max_len: int) -> None:
-    """Binds a paged KV cache as the engine lays it out, one block of `max_len` slots per row (row r's
-    position i is slot r * max_len + i), to the talker's attention layers (not the engine's way of
-    sizing it: for `prefill` / `generate_codes` and tests)."""
-    from triton_omni.ar.model_runner import cache_layers
-
-    p = next(model.parameters())
-    for module, spec in cache_layers(model):
-        shape = (rows, max_len, spec.num_kv_heads, spec.head_dim)
-        module.k_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
-        module.v_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
-
-
-@torch.no_grad()
-def prefill(model: Qwen3TTS, prompts: list[TalkerPrompt], max_len: int) -> torch.Tensor:
-    """The prompts packed into one talker forward, row r's keys/values into block r (a cache bound by
-    `bind_cache`); returns the hidden states at every prompt token, packed [sum T, H]."""
-    dev = next(model.parameters()).device
-    lens = [p.embeds.shape[0] for p in prompts]
-    slots = torch.cat([torch.arange(n, device=dev) + r * max_len for r, n in enumerate(lens)])
-    positions = torch.cat([torch.arange(n, device=dev) for n in lens])
-    ctx = ForwardContext(is_prefill=True, slot_mapping=slots, state_slots=torch.arange(len(prompts), device=dev),
-                         seq_lens=lens, cu_seqlens=torch.tensor([0, *lens], device=dev).cumsum(0).int())
-    return model(torch.cat([p.embeds for p in prompts]), positions, ctx)
-
-
-@torch.no_grad()
-def generate_codes(model: Qwen3TTS, prompts: list[TalkerPrompt], max_frames: int, repetition_penalty: float = 1.05,
-                   sample_code0: Callable[[torch.Tensor, int], torch.Tensor] = greedy,
-                   subtalker: Sampler = greedy, max_len: int | None = None) -> list[torch.Tensor]:
-    """The reference's generation loop, batched; returns each prompt's frames [F, N] (EOS frame and
-    after dropped). Per step: logits -> TalkerRules -> code 0 -> predict_codes -> frame -> embed_frame +
-    text stream -> one talker decode step. `sample_code0(logits, step)` and `subtalker` pick codes."""
-    dev = next(model.parameters()).device
-    b = len(prompts)
-    lens = [p.embeds.shape[0] for p in prompts]
-    max_len = max_len or max(lens) + max_frames + 1
-    bind_cache(model, b, max_len)
-    rules = TalkerRules(model)
-    hidden = prefill(model, prompts, max_len)[torch.tensor(lens, device=dev).cumsum(0) - 1]
-    trailing = torch.nn.utils.rnn.pad_sequence([p.trailing for p in prompts], batch_first=True)
-    text_lens = torch.tensor([p.trailing.shape[0] for p in prompts], device=dev)
-    pad = torch.stack([p.pad for p in prompts])
-    vocab = model.config.talker.vocab_size
-    seen = torch.zeros(b, vocab, dtype=torch.bool, device=dev)
-    pos = torch.tensor(lens, device=dev)
-    done = torch.zeros(b, dtype=torch.bool, device=dev)
-    frames: list[torch.Tensor] = []
-    for step in range(max_frames):
-        steps = torch.full((b,), step, device=dev)
-        logits = rules(model.compute_logits(hidden), seen, steps, repetition_penalty)
-        code0 = sample_code0(logits, step)
-        seen[torch.arange(b, device=dev), code0] = True
-        done = done | (code0 == rules.eos)
-        codes = model.predict_codes(hidden, code0, subtalker)
-        frames.append(torch.where(done[:, None], -1, codes))
-        if bool(done.all()) or step + 1 == max_frames:
-            break
-        x = model.embed_frame(codes, model.text_at(trailing, text_lens, steps, pad))
-        ctx = ForwardContext(is_prefill=False, slot_mapping=torch.arange(b, device=dev) * max_len + pos,
-                             state_slots=torch.arange(b, device=dev),
-                             block_tables=torch.arange(b, device=dev, dtype=torch.int32)[:, None],
-                             context_lens=(pos + 1).int(), max_context_len=int(pos.max()) + 1)
-        hidden = model(x, pos, ctx)
-        pos = pos + 1
-    out = torch.stack(frames, dim=1)                                            # [B, F, N]
-    return [row[row[:, 0] >= 0] for row in out]

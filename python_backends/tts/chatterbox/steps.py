@@ -1,10 +1,10 @@
 """Chatterbox's steps (ensemble_configs/chatterbox_tts.yaml): pre -> t3 -> s3gen -> speech_post (the model:
-python_backends/tts/chatterbox.py, chatterbox_s3gen.py).
+python_backends/tts/chatterbox/t3.py, s3gen.py).
 
 `chatterbox_pre`     speech inputs -> T3's text ids (normalised text between start / stop tokens), the
                      sampling settings as JSON, `speech` (seed drawn here when absent) and the voice: the
                      checkpoint's built-in one (conds.pt), or the voice of `reference_audio`, cloned here
-                     on the CPU (python_backends/tts/chatterbox_voice.py): T3's speaker embedding and
+                     on the CPU (python_backends/tts/chatterbox/voice.py): T3's speaker embedding and
                      prompt tokens, S3Gen's reference tokens, mel and x-vector. Bad requests fail here,
                      naming the field.
 `chatterbox_t3`      every request of the batch in one decode loop (cond / uncond row pair per request,
@@ -29,10 +29,10 @@ from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
-from triton_omni.tts.chatterbox import T3, Sampling, T3Job, TextTokenizer, Voice, generate_tokens, load_voice
-from triton_omni.tts.chatterbox_s3gen import CFM_STEPS, MELS, SAMPLE_RATE, S3Gen
-from triton_omni.tts.chatterbox_voice import VoiceCloner
-from triton_omni.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_reference, \
+from triton_omni.tts.chatterbox.s3gen import CFM_STEPS, MELS, SAMPLE_RATE, S3Gen
+from triton_omni.tts.chatterbox.t3 import T3, Sampling, T3Job, TextTokenizer, Voice, generate_tokens, load_voice
+from triton_omni.tts.chatterbox.voice import VoiceCloner
+from triton_omni.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, as_numpy, parse_reference, \
     parse_speech, reference_transcript
 
 DEFAULT_VOICE = "default"
@@ -48,11 +48,6 @@ def checkpoint_folder(ctx: StepContext, value: str):
         raise FileNotFoundError(f"{ctx.model_name}: checkpoint folder {str(folder)!r} (parameter 'checkpoint') has "
                                 "no t3_cfg.safetensors; build it or pass --checkpoint NAME=DIR to the converter")
     return folder
-
-
-def as_numpy(value) -> np.ndarray:
-    """A GPU step may be handed torch tensors."""
-    return value.cpu().numpy() if hasattr(value, "cpu") else np.asarray(value)
 
 
 # the voice, pre -> t3 (speaker_emb, prompt_tokens) and pre -> s3gen (ref_*); ref_mel is [frames, 80] flattened

@@ -24,8 +24,8 @@ receptive field in frames, rounded up: 581 for the release config, dominated by 
     reference's own `chunked_decode` (300-frame chunks, 25 frames of left context) is the approximate
     version of this: with 25 frames the transformer's context is cut, and its output differs slightly
     from a whole-utterance decode at chunk starts. `decode` here mirrors it exactly (for parity).
-  - state (exact and cheap; python_backends/tts/qwen3_tts_codec_stream.py, what the served codec step
-    does: python_backends/tts/qwen3_tts_serve.py): keep per request the transformer's last
+  - state (exact and cheap; python_backends/tts/qwen3_tts/codec_stream.py, what the served codec step
+    does: python_backends/tts/qwen3_tts/serve.py): keep per request the transformer's last
     `sliding_window - 1` keys/values per layer (rope is relative, so positions can continue) and each
     conv's last (kernel - 1) * dilation input samples (transposed convs: their last input sample); then
     decode only the new frames. The state is a few MB per request at release size.

@@ -22,9 +22,9 @@ from triton_omni.ar.step import ARDecode, ARParams
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, ResponseSink, StepContext, register
 from triton_omni.tts.chunking import ChunkPlan
-from triton_omni.tts.orpheus import TOKENS_PER_FRAME
+from triton_omni.tts.orpheus.snac import SNACDecoder, read_config
+from triton_omni.tts.orpheus.tokens import TOKENS_PER_FRAME
 from triton_omni.tts.request import SPEECH, Speech
-from triton_omni.tts.snac import SNACDecoder, read_config
 
 
 @dataclass

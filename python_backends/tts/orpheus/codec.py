@@ -18,9 +18,9 @@ from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, StepContext, register
 from triton_omni.text.tokenizer import load_tokenizer
 from triton_omni.tts.chunking import ChunkedCodec, ChunkPlan, Window
-from triton_omni.tts.orpheus import TOKENS_PER_FRAME as TPF, OrpheusTokens, frames_to_codes
+from triton_omni.tts.orpheus.snac import PositionalNoise, load_snac
+from triton_omni.tts.orpheus.tokens import TOKENS_PER_FRAME as TPF, OrpheusTokens, frames_to_codes
 from triton_omni.tts.request import SPEECH, Speech
-from triton_omni.tts.snac import PositionalNoise, load_snac
 
 
 @dataclass

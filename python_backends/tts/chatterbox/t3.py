@@ -1,5 +1,5 @@
 """Chatterbox TTS (Resemble AI, the `chatterbox-tts` package 0.1.7, English model): text -> T3 speech tokens
--> S3Gen (python_backends/tts/chatterbox_s3gen.py) -> 24 kHz waveform.
+-> S3Gen (python_backends/tts/chatterbox/s3gen.py) -> 24 kHz waveform.
 
 The checkpoint folder is the release's (ResembleAI/chatterbox): t3_cfg.safetensors, s3gen.safetensors,
 ve.safetensors, tokenizer.json, conds.pt (the built-in voice). The release has no config file: its sizes
@@ -9,7 +9,7 @@ Perceiver's arguments.
 
 T3, as ChatterboxTTS.generate runs it:
 - the prompt is [speaker (1 position), the voice's prompt speech tokens (150 for the built-in voice, at most
-  150 for a cloned one: python_backends/tts/chatterbox_voice.py) resampled to 32 by a perceiver,
+  150 for a cloned one: python_backends/tts/chatterbox/voice.py) resampled to 32 by a perceiver,
   exaggeration (1)] + [start-of-text, text tokens, end-of-text] + [start-of-speech] twice (once
   from the prompt's speech part, once as the first decode input); text and speech tokens carry learned
   position embeddings of their own. The Llama backbone itself is transformers' LlamaModel.

@@ -1,6 +1,6 @@
 """Fish Audio S2-Pro's dual-AR talker, loaded from the release folder (config.json with
 `model_type: fish_qwen3_omni`, model.safetensors with `text_model.model.*` and `audio_decoder.*`, a
-Hugging Face tokenizer with `<|semantic:i|>` tokens; the codec, codec.pth, is fish_codec.py's).
+Hugging Face tokenizer with `<|semantic:i|>` tokens; the codec, codec.pth, is codec.py's).
 
 The model speaks in frames of the codec (~21.5 Hz at 44.1 kHz): N codes per frame (10 in the release:
 one semantic codebook, then residual ones).
@@ -42,7 +42,7 @@ from torch import nn
 from triton_omni.models.context import ForwardContext
 from triton_omni.models.decoder import DecoderModel, dense_layer
 from triton_omni.models.loader import checkpoint_tensors
-from triton_omni.tts.qwen3_tts import PredictorAttention, predictor_step
+from triton_omni.tts.code_predictor import PredictorAttention, predictor_step
 
 IM_END = "<|im_end|>"
 SEMANTIC = "<|semantic:{}|>"
@@ -129,7 +129,7 @@ class SlowModel(DecoderModel):
 
 class FastModel(DecoderModel):
     """The fast AR: one token per row per call at position p of a dense per-row cache of N slots
-    (qwen3_tts's PredictorAttention: no cache_spec, so the engine neither binds nor sizes it)."""
+    (tts/code_predictor.PredictorAttention: no cache_spec, so the engine neither binds nor sizes it)."""
 
     def __init__(self, config):
         super().__init__(config, lambda i, rotary: dense_layer(config, rotary, config.qk_norm))

@@ -1,5 +1,5 @@
 """Kokoro's steps: pre (text or phonemes -> segments of phoneme ids, a style each), synth (a
-request's segments together -> its waveform), speech_chunks (the waveform as a
+request's segments together -> its waveform), speech_chunks (tts/chunking.py: the waveform as a
 stream of pieces), then speech_post (python_backends/tts/post.py) for PCM chunks or a file.
 
 Kokoro is not autoregressive: a request's audio exists whole once synth has run (much faster than
@@ -21,11 +21,10 @@ import torch
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
-from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
-from triton_omni.tts.kokoro import SAMPLE_RATE, Kokoro, load_voice, voice_style
-from triton_omni.tts.kokoro_text import Phonemizer, check_phonemes, segments
-from triton_omni.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, parse_speech,
-                                         reject_reference)
+from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
+from triton_omni.tts.kokoro.model import SAMPLE_RATE, Kokoro, load_voice, voice_style
+from triton_omni.tts.kokoro.text import Phonemizer, check_phonemes, segments
+from triton_omni.tts.request import SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, as_numpy, parse_speech, reject_reference
 
 PHONEMES = TensorSpec("phonemes", "TYPE_STRING", (1,), optional=True)
 
@@ -35,7 +34,7 @@ class KokoroPreParams:
     checkpoint: str = ""
     default_voice: str = "af_heart"
     max_text_chars: int = 4096          # OpenAI's limit on `input`; longer phonemes are spoken in segments
-    espeak: str = "espeak-ng"           # the phonemizer program for text (see kokoro_text.py)
+    espeak: str = "espeak-ng"           # the phonemizer program for text (see text.py)
 
 
 @register("kokoro_pre")
@@ -135,13 +134,13 @@ class KokoroSynth(Step):
     def one(self, req: Request) -> dict:
         """A request's segments through the model together (see `Kokoro.synthesize`), its noise from
         its own generator. Requests are not padded into one forward: a row batched with others rounds
-        differently, and the vocoder turns that into different samples (kokoro.py), so a seeded
+        differently, and the vocoder turns that into different samples (model.py), so a seeded
         request would sound different depending on its neighbours. Triton still queues them together."""
         ids, lengths = as_numpy(req.get("phoneme_ids")), as_numpy(req.get("segments")).tolist()
         style = torch.as_tensor(as_numpy(req.get("style")))
         if sum(lengths) != len(ids) or tuple(style.shape) != (len(lengths), 256) or min(lengths, default=0) < 3:
             raise ValueError(f"inconsistent segments: lengths {lengths} for {len(ids)} ids, styles {list(style.shape)}")
-        # on the model's device: the source's noise is drawn there (see kokoro.SineSource)
+        # on the model's device: the source's noise is drawn there (see model.SineSource)
         gen = torch.Generator(self.model.device).manual_seed(Speech.from_request(req).seed)
         speed = float(req.scalar("speed", 1.0))
         bounds = np.cumsum([0, *lengths])
@@ -149,52 +148,3 @@ class KokoroSynth(Step):
         waves = self.model.synthesize(rows, style, torch.tensor([speed] * len(rows)), [gen] * len(rows))
         return {"waveform": np.concatenate([w.float().cpu().numpy() for w, _ in waves]).astype(np.float32),
                 "sample_rate": np.asarray([SAMPLE_RATE], dtype=np.int32), "speech": req.get("speech")}
-
-
-def as_numpy(value) -> np.ndarray:
-    """A GPU step may be handed torch tensors."""
-    return value.cpu().numpy() if hasattr(value, "cpu") else value
-
-
-@dataclass
-class SpeechChunksParams:
-    first_chunk_ms: int = 200           # small, so that a player starts at once
-    chunk_ms: int = 1000
-
-
-@register("speech_chunks")
-class SpeechChunks(Step):
-    """A whole waveform -> one response (not streaming) or chunks of it, the last one final with
-    finish_reason `stop`: for models that make a request's audio at once."""
-    decoupled = True
-    inputs = (
-        TensorSpec("waveform", "TYPE_FP32", (-1,)),
-        TensorSpec("sample_rate", "TYPE_INT32", (1,)),
-        SPEECH,
-    )
-    outputs = AUDIO_CHUNK_OUTPUTS
-    Params = SpeechChunksParams
-
-    def __init__(self, ctx: StepContext):
-        super().__init__(ctx)
-        if self.params.first_chunk_ms < 1 or self.params.chunk_ms < 1:
-            raise ValueError("first_chunk_ms and chunk_ms must be >= 1")
-
-    def cuts(self, samples: int, rate: int) -> list[int]:
-        """Chunk ends: the first after first_chunk_ms, then every chunk_ms, the last at the end."""
-        first, size = rate * self.params.first_chunk_ms // 1000, rate * self.params.chunk_ms // 1000
-        return list(range(max(first, 1), samples, max(size, 1))) + [samples]
-
-    def submit(self, request: Request, sink: ResponseSink) -> None:
-        """All of it at once: the audio is there already (no cancellation to watch for)."""
-        wave, rate = as_numpy(request.get("waveform")), int(request.scalar("sample_rate"))
-        speech = request.get("speech")
-        ends = self.cuts(len(wave), rate) if Speech.from_request(request).stream else [len(wave)]
-        start = 0
-        for n, end in enumerate(ends):
-            last = n == len(ends) - 1
-            sink.send({"waveform": np.ascontiguousarray(wave[start:end], dtype=np.float32),
-                       "sample_rate": np.asarray([rate], dtype=np.int32),
-                       "finish_reason": string_array("stop" if last else ""),
-                       "speech": speech}, final=last)
-            start = end

@@ -1,19 +1,19 @@
 """Fish S2-Pro's steps (ensemble_configs/fish_s2_tts.yaml): pre -> talker -> codec -> speech_post.
 
-`fish_s2_pre`     speech inputs -> the slow model's prompt ids (fish.prompt_ids: the release's
+`fish_s2_pre`     speech inputs -> the slow model's prompt ids (model.prompt_ids: the release's
                   conversation) flattened [T * (N + 1)], sampling (the release's defaults: temperature
                   1.0, top_p 0.9, top_k 30; the seed drawn here when absent, so a seeded request gets
                   the same audio streamed or not) and `speech`. Voice cloning: `reference_audio` (any
                   file PyAV reads) with its transcript `reference_text` (required: without one the
-                  release ignores the clip) -> the clip's codes (fish_codec.FishCodecEncoder, on the
+                  release ignores the clip) -> the clip's codes (codec.FishCodecEncoder, on the
                   CPU once per request), which go into the prompt after the transcript; the talker
                   and codec see only a longer prompt. Bad requests fail here, naming the field.
-`fish_s2_talker`  `talker_frames` (the AR engine; frames of N + 1 ids, fish.py) with a sink shaping its
-                  stream for the codec: a response goes out only when a chunk can be played
+`fish_s2_talker`  a frame talker (tts/frame_talker.py: the AR engine; frames of N + 1 ids, model.py)
+                  with a sink shaping its stream for the codec: a response goes out only when a chunk can be played
                   (`ChunkPlan.ready_end` grows) or at the end, and carries the chunk's codes with the
                   frames of left context its decode window needs (`num_context`), so the codec keeps
                   no state.
-`fish_s2_codec`   codes -> 44.1 kHz waveform (fish_codec.py), stateless: a chunk [s, e) decodes the
+`fish_s2_codec`   codes -> 44.1 kHz waveform (codec.py), stateless: a chunk [s, e) decodes the
                   window [s - context_frames, e) and keeps its own samples; windows of one length from
                   all requests in a Triton batch decode together (`ChunkedCodec`). Chunks are a pure
                   function of frame counts, so streamed audio equals non-streamed audio for a seed.
@@ -25,7 +25,7 @@ positions restart at 0 (the tables are bfloat16, so shifted positions round diff
 decode (tests/test_tts_fish.py measures it on the tiny checkpoint); a stream up to `context_frames`
 + `first_chunk_frames` frames long decodes exactly. A stateful decoder (as Qwen3-TTS's) would be exact.
 The clip is read as the release reads it: decoded at its own rate, resampled to 44.1 kHz by
-omnivoice.resample (torchaudio's kernel, which the release uses), encoded in float32 (the release runs
+media.audio_signal.resample (torchaudio's kernel, which the release uses), encoded in float32 (the release runs
 its codec in bfloat16 on a GPU). Except: a stereo clip is made mono by FFmpeg's downmix, (L + R) / sqrt(2),
 where the release averages the channels (3 dB quieter). The encoder runs on the CPU: at the release's
 sizes (~207M parameters) a 5 s clip takes seconds there.
@@ -47,9 +47,9 @@ from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from triton_omni.text.tokenizer import load_tokenizer
 from triton_omni.tts.chunking import ChunkedCodec, ChunkPlan, Window
-from triton_omni.tts.fish import DEFAULT_SAMPLING, FishConfig, FishPrompt, fish_engine, load_fish, prompt_ids
-from triton_omni.tts.fish_codec import load_codec, load_codec_encoder
-from triton_omni.tts.qwen3_tts_steps import TalkerFrames, TalkerFramesParams
+from triton_omni.tts.fish.codec import load_codec, load_codec_encoder
+from triton_omni.tts.fish.model import DEFAULT_SAMPLING, FishConfig, FishPrompt, fish_engine, load_fish, prompt_ids
+from triton_omni.tts.frame_talker import FrameReply, FrameTalker, TalkerFramesParams
 from triton_omni.tts.request import SPEECH, SPEECH_INPUTS, Speech, has_reference, parse_speech, read_reference
 
 VOICES = ["default"]            # the model's own voice (no preset speakers in the release)
@@ -188,9 +188,7 @@ class FishChunkSink(ResponseSink):
 
 
 @register("fish_s2_talker")
-class FishTalker(TalkerFrames):
-    inputs = tuple(s for s in TalkerFrames.inputs if s.name in ("input_ids", "sampling", "stream", "speech")
-                   or s.control)
+class FishTalker(FrameTalker):
     outputs = (
         TensorSpec("codes", "TYPE_INT32", (-1,)),             # [frames * N]: context frames, then new ones
         TensorSpec("num_context", "TYPE_INT32", (1,)),        # frames of left context leading `codes`
@@ -199,7 +197,7 @@ class FishTalker(TalkerFrames):
         SPEECH,
     )
     Params = FishTalkerParams
-    load_model = staticmethod(load_fish)        # TalkerFrames.make_engine builds the engine with these
+    load_model = staticmethod(load_fish)        # FrameTalker.make_engine builds the engine with these
     model_engine = staticmethod(fish_engine)
 
     def __init__(self, ctx: StepContext):
@@ -208,14 +206,12 @@ class FishTalker(TalkerFrames):
         self.plan = ChunkPlan(p.first_chunk_frames, p.chunk_frames, p.context_frames, 0)
 
     def submit(self, request: Request, sink: ResponseSink) -> None:
-        from triton_omni.tts.qwen3_tts_steps import _FrameReply
-
         if self.handle_abort(request, sink):
             return
         c, width = self.model.config, self.model.num_codes
         ids = request.get("input_ids")
         if ids is None or ids.ndim != 1 or ids.size == 0 or ids.size % width:
-            raise InvalidInput("input_ids", f"expected prompt positions of {width} ids each (fish.prompt_ids)")
+            raise InvalidInput("input_ids", f"expected prompt positions of {width} ids each (model.prompt_ids)")
         ids = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(-1, width)
         if ((ids[:, 0] < 0) | (ids[:, 0] >= c.slow.vocab_size)).any() or ((ids[:, 1:] < 0) |
                                                                            (ids[:, 1:] >= c.codebook_size)).any():
@@ -229,7 +225,7 @@ class FishTalker(TalkerFrames):
         streaming = bool(request.scalar("stream", False))
         speech = request.get("speech")
         sink = FishChunkSink(sink, self.plan, c.num_codebooks, streaming)
-        reply = _FrameReply(sink, None, streaming, len(prompt),
+        reply = FrameReply(sink, None, streaming, len(prompt),
                             speech=speech.reshape(1) if speech is not None else Speech(seed=0).tensor())
         self.start(request, reply, prompt, params)
 

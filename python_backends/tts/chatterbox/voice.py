@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triton_omni.tts.chatterbox import Voice, read_config
-from triton_omni.tts.qwen3_tts_clone import mel_filters     # librosa's Slaney mel filters
+from triton_omni.media.audio_signal import mel_filters     # librosa's Slaney mel filters
+from triton_omni.tts.chatterbox.t3 import Voice, read_config
 
 S3GEN_RATE, S3_RATE = 24000, 16000
 S3GEN_CLIP_SECONDS, T3_CLIP_SECONDS = 10, 6      # ChatterboxTTS.DEC_COND_LEN / ENC_COND_LEN

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 
 from triton_omni.runtime.errors import InvalidInput
-from triton_omni.tts.kokoro import MAX_PHONEMES
+from triton_omni.tts.kokoro.model import MAX_PHONEMES
 
 LANGUAGES = {"a": "en-us", "b": "en-gb", "e": "es", "f": "fr-fr", "h": "hi", "i": "it", "p": "pt-br"}
 PUNCTUATION = re.compile(r'([;:,.!?—…"()“”]+)')

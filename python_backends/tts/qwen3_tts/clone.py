@@ -25,35 +25,13 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
+from triton_omni.media.audio_signal import mel_filters     # librosa's Slaney mel filters
+
 SAMPLE_RATE = 24000          # both encoders' input rate (the release asserts it)
 MEL = dict(n_fft=1024, num_mels=128, hop=256, win=1024, fmin=0.0, fmax=12000.0)   # extract_speaker_embedding's
 
 
 # --- mel front end -------------------------------------------------------------------------------
-def _hz_to_mel(f: np.ndarray) -> np.ndarray:
-    """Slaney's mel scale (librosa's default, htk=False): linear below 1 kHz, logarithmic above."""
-    f = np.asarray(f, dtype=np.float64)
-    mel = f / (200.0 / 3)
-    log = f >= 1000.0
-    return np.where(log, 15.0 + np.log(np.maximum(f, 1e-10) / 1000.0) / (np.log(6.4) / 27.0), mel)
-
-
-def _mel_to_hz(m: np.ndarray) -> np.ndarray:
-    m = np.asarray(m, dtype=np.float64)
-    return np.where(m >= 15.0, 1000.0 * np.exp(np.log(6.4) / 27.0 * (m - 15.0)), m * 200.0 / 3)
-
-
-def mel_filters(sr: int, n_fft: int, n_mels: int, fmin: float, fmax: float) -> np.ndarray:
-    """librosa.filters.mel(sr=, n_fft=, n_mels=, fmin=, fmax=) (Slaney scale and area norm): [n_mels, 1 + n_fft/2]."""
-    freqs = np.linspace(0, sr / 2, 1 + n_fft // 2)
-    edges = _mel_to_hz(np.linspace(_hz_to_mel(fmin), _hz_to_mel(fmax), n_mels + 2))
-    widths = np.diff(edges)
-    ramps = edges[:, None] - freqs[None, :]
-    lower, upper = -ramps[:-2] / widths[:-1, None], ramps[2:] / widths[1:, None]
-    weights = np.maximum(0, np.minimum(lower, upper)) * (2.0 / (edges[2:] - edges[:-2]))[:, None]
-    return weights.astype(np.float32)
-
-
 def mel_spectrogram(wave: torch.Tensor) -> torch.Tensor:
     """The reference's speaker-encoder input: wave [B, S] (24 kHz) -> log-mel [B, frames, 128].
     Reflect-padded by (n_fft - hop) / 2 each side, uncentred Hann STFT, magnitude, mel, log(max(x, 1e-5))."""

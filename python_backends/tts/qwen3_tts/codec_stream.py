@@ -1,4 +1,4 @@
-"""Stateful streaming for the Qwen3-TTS 12 Hz decoder (python_backends/tts/qwen3_tts_codec.py).
+"""Stateful streaming for the Qwen3-TTS 12 Hz decoder (python_backends/tts/qwen3_tts/codec.py).
 
 Every layer of the decoder is causal, so a stream can decode each new chunk of frames once if it keeps,
 between chunks, what the layers would otherwise recompute from the past:
@@ -18,7 +18,7 @@ state's few samples, whatever the stream's length; the window approach (`ChunkPl
 
 `StreamState` holds a batch of streams (rows); `StreamState.stack` / `split` move between one state per
 stream and a batch, so streams at different points decode together (the rows only have to share T).
-The served codec step (python_backends/tts/qwen3_tts_serve.py) keeps every live stream's state as a row
+The served codec step (python_backends/tts/qwen3_tts/serve.py) keeps every live stream's state as a row
 of one preallocated state instead: `select` gathers a call's rows, `put` writes them back.
 At the release size a stream's state is ~5 MB in float32, nearly all of it the transformer's keys/values.
 """
@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triton_omni.tts.qwen3_tts_codec import (CausalConv1d, CausalConvTranspose1d, CodecDecoder, ConvNeXtBlock,
-                                                 DecoderBlock, ResidualUnit, SnakeBeta, _rotate)
+from triton_omni.tts.qwen3_tts.codec import (CausalConv1d, CausalConvTranspose1d, CodecDecoder, ConvNeXtBlock,
+                                             DecoderBlock, ResidualUnit, SnakeBeta, _rotate)
 
 
 @dataclass

@@ -6,7 +6,7 @@
                      same audio streamed or not), `speech`. Bad requests fail here, naming the field.
                      A Base checkpoint clones the voice of `reference_audio` instead (no preset voices):
                      its x-vector, and with `reference_text` its codes and the transcript's tokens ("ICL"),
-                     from the encoders of python_backends/tts/qwen3_tts_clone.py, run here on the CPU:
+                     from the encoders of python_backends/tts/qwen3_tts/clone.py, run here on the CPU:
                      they are small and run once per request, and a bad clip fails only its request, in
                      the step that validates requests, with no extra step between pre and talker.
 `qwen3_tts_talker`   `talker_frames` (the AR engine, frames of N codes) with a sink that shapes its
@@ -16,14 +16,14 @@
                      request's `stream_id` (unique, drawn here) and `first_frame`, the index of its first
                      frame; `finish_reason` marks the stream's last response.
 `qwen3_tts_codec`    frames -> 24 kHz waveform with the 12 Hz speech tokenizer's decoder, stateful
-                     (python_backends/tts/qwen3_tts_codec_stream.py): every frame is decoded once. The
+                     (python_backends/tts/qwen3_tts/codec_stream.py): every frame is decoded once. The
                      one codec instance (one on purpose: a stream's chunks must decode in order) keeps
                      each live stream's state as a row of one preallocated state (`max_streams` rows),
                      decodes the chunks of all streams in a Triton batch together (streams at different
                      points share a call: the rows only share the chunk length), and frees a row after
                      its stream's last chunk, or after `stream_idle_s` without a chunk (a cancelled
                      stream never sends its last one). On a GPU each call shape is one CUDA graph
-                     (`cuda_graphs`; StatePool in python_backends/tts/qwen3_tts_codec_stream.py).
+                     (`cuda_graphs`; StatePool in python_backends/tts/qwen3_tts/codec_stream.py).
 
 Exactness. The decoder is fully causal (no lookahead) and a stream's state holds all the past still
 contributes, so each chunk's samples equal the whole-utterance decode's up to float rounding (the sums
@@ -62,13 +62,13 @@ from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from triton_omni.text.tokenizer import load_tokenizer
 from triton_omni.tts.chunking import ChunkPlan, bit_stable_on_cpu
-from triton_omni.tts.qwen3_tts import assistant_text, instruct_text, language_id, languages, reference_text
-from triton_omni.tts.qwen3_tts_codec import load_codec
-from triton_omni.tts.qwen3_tts_codec_stream import StatePool, StreamingDecoder
-from triton_omni.tts.qwen3_tts_steps import (REFERENCE_REPETITION_PENALTY, REFERENCE_SAMPLING, TalkerFrames,
-                                                 TalkerFramesParams)
+from triton_omni.tts.frame_talker import TalkerFramesParams
+from triton_omni.tts.qwen3_tts.codec import load_codec
+from triton_omni.tts.qwen3_tts.codec_stream import StatePool, StreamingDecoder
+from triton_omni.tts.qwen3_tts.model import assistant_text, instruct_text, language_id, languages, reference_text
+from triton_omni.tts.qwen3_tts.talker import REFERENCE_REPETITION_PENALTY, REFERENCE_SAMPLING, TalkerFrames
 from triton_omni.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, parse_reference,
-                                         parse_speech, reject_reference)
+                                     parse_speech, reject_reference)
 
 MIN_AUDIO_FRAMES = 12           # a prompt must leave room for about a second of audio
 ROLE_TOKENS, CLOSING_TOKENS = 3, 5
@@ -119,7 +119,7 @@ class Qwen3TTSPre(Step):
         self.voices = sorted((self.config.get("spk_id") or {}).keys())
         self.cloner = None
         if raw.get("tts_model_type") == "base":
-            from triton_omni.tts.qwen3_tts_clone import VoiceCloner
+            from triton_omni.tts.qwen3_tts.clone import VoiceCloner
 
             self.cloner, self.voices = VoiceCloner(folder), []
         elif not self.voices:
