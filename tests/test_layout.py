@@ -107,6 +107,16 @@ def test_wheel_carries_the_mapped_folders_and_imports_in_a_fresh_venv(tmp_path):
     assert out.stdout.strip().startswith(site), f"imported from {out.stdout.strip()}, not the installed wheel"
 
 
+def test_nothing_imports_a_mapped_folder_by_its_folder_name():
+    # `import converters` from the root still finds our folder as a namespace package (and a second
+    # copy of every module it imports): the one name is triton_omni.*
+    python_files = [p for p in ROOT.rglob("*.py")
+                    if not any(part.startswith(".") or part in ("model_repository", "build") for part in p.relative_to(ROOT).parts)]
+    wrong = [f"{path.relative_to(ROOT)} imports {name}" for path in sorted(python_files)
+             for name in sorted(imported_modules(path)) if name.split(".")[0] in MAPPED]
+    assert not wrong, "import these through triton_omni.*:\n" + "\n".join(wrong)
+
+
 def _is_under(name: str, packages) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
