@@ -159,3 +159,11 @@ def test_proxy_app_runs_without_torch_or_the_serving_code():
     code = BLOCKER.format(blocked=SERVING)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_no_product_file_over_600_lines():
+    # one module, one job: a file past this is two jobs (split it along its seam)
+    folders = [*MAPPED, "perf_analyzer_configs"]
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for folder in folders for p in sorted((ROOT / folder).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 600]
+    assert not long, "\n".join(long)
