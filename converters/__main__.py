@@ -1,7 +1,7 @@
 """Command line:
 
     python -m triton_omni.converters build [--models NAME ...] [--target cpu|gpu] [--out model_repository]
-                               [--checkpoint NAME=DIR ...] [--set NAME.STEP.PARAM=VALUE ...]
+                               [--checkpoint NAME=DIR ...] [--set NAME.STEP.PARAM=VALUE ...] [--no-verify]
     python -m triton_omni.converters check      # the committed model_repository/ equals what `build` generates
     python -m triton_omni.converters tiny [--out checkpoints/tiny]   # tiny random checkpoints for demo and tests
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from triton_omni.converters.generate import write_repository
 from triton_omni.converters.schema import ConfigError, EnsembleConfig, apply_override, load_ensemble
+from triton_omni.converters.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "ensemble_configs"
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR",
                    help="serve NAME from this Hugging Face folder (config.json + safetensors + tokenizer)")
     b.add_argument("--set", action="append", default=[], dest="overrides", metavar="NAME.STEP.PARAM=VALUE")
+    b.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="write the repository without checking the checkpoints it names")
     sub.add_parser("check", help="fail if model_repository/ differs from what build generates")
     t = sub.add_parser("tiny", help="build the tiny random demo/test checkpoints")
     t.add_argument("--out", type=Path, default=ROOT / "checkpoints" / "tiny")
@@ -65,7 +68,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.cmd == "build":
-            models = write_repository(load_configs(args.models, args.checkpoint, args.overrides), args.out, args.target)
+            configs = load_configs(args.models, args.checkpoint, args.overrides)
+            # checked here rather than in write_repository: `check` compares the committed repository
+            # with the YAMLs alone, whether or not the checkpoints they name are on this machine
+            problems = verify(configs, args.target) if args.verify else []
+            for line in problems:
+                print(f"error: {line}", file=sys.stderr)
+            if problems:
+                print("error: checkpoints failed verification; fix them or build with --no-verify", file=sys.stderr)
+                return 2
+            models = write_repository(configs, args.out, args.target)
             print(f"wrote {args.out}: {', '.join(models)}")
         elif args.cmd == "check":
             with tempfile.TemporaryDirectory() as tmp:

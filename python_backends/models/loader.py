@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -30,13 +30,16 @@ def checkpoint_tensors(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]
                 yield key, f.get_tensor(key)
 
 
-def load_weights(model: nn.Module, folder: str | Path) -> None:
+def load_weights(model: nn.Module, folder: str | Path,
+                 tensors: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+    """Fill the model from the folder's tensors (`tensors`: others in their place, e.g. meta tensors of
+    the headers' shapes, which checks names and shapes without reading weights)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     packed: dict[str, tuple[str, int]] = getattr(model, "packed", {})
     rename: dict[str, str] = getattr(model, "rename", {})
     skip: tuple[str, ...] = getattr(model, "skip_prefixes", ())
     filled: set[str] = set()
-    for name, tensor in checkpoint_tensors(folder):
+    for name, tensor in checkpoint_tensors(folder) if tensors is None else tensors:
         for old, new in rename.items():
             if name.startswith(old):
                 name = new + name[len(old):]

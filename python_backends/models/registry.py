@@ -32,16 +32,22 @@ def text_config(folder: str | Path):
     return text, config.model_type
 
 
-def load_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.dtype,
-                   dummy: bool = False) -> nn.Module:
-    """The model for a checkpoint folder. `dummy`: random weights from config.json alone (for
-    benchmarks of real-size shapes without their weights)."""
+def build_causal_lm(folder: str | Path, device: str | torch.device) -> nn.Module:
+    """The model class for the folder's config.json, built on `device` with uninitialised weights (on
+    the meta device: no memory, which is how the converter checks a checkpoint's tensors)."""
     config, model_type = text_config(folder)
     if model_type not in MODELS:
         raise ValueError(f"{folder}: model_type {model_type!r} is not supported; supported: {sorted(MODELS)}")
     module, name = MODELS[model_type]
     with torch.device(device):
-        model = getattr(importlib.import_module(module), name)(config)
+        return getattr(importlib.import_module(module), name)(config)
+
+
+def load_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.dtype,
+                   dummy: bool = False) -> nn.Module:
+    """The model for a checkpoint folder. `dummy`: random weights from config.json alone (for
+    benchmarks of real-size shapes without their weights)."""
+    model = build_causal_lm(folder, device)
     if dummy:
         with torch.no_grad():
             for n, p in model.named_parameters():
