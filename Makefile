@@ -13,7 +13,7 @@ setup:
 tiny: setup
 	$(OMNI) tiny
 
-repo: setup
+repo: setup tiny
 	$(OMNI) build
 
 check-repo: setup
