@@ -254,7 +254,8 @@ def check_chat(folder: Path, report: Report, weights: bool = True) -> None:
 
 
 def check_chat_config(folder: Path, report: Report) -> None:
-    """A chat model served with random weights (load_format: dummy): config and tokenizer only."""
+    """What a chat model's pre and post steps read, or its AR step with random weights (load_format:
+    dummy): config and tokenizer only."""
     check_chat(folder, report, weights=False)
 
 
@@ -420,6 +421,10 @@ FAMILIES: dict[str, dict[str, Kind]] = {
 }
 
 
+def exists_only(path: Path, report: Report) -> None:
+    """A checkpoint parameter of a step this module does not know: verify() checks that it exists."""
+
+
 def step_kinds(step: StepConfig) -> dict[str, Kind]:
     module = step.cls.__module__ + "."
     return next((kinds for prefix, kinds in FAMILIES.items() if module.startswith(prefix)), {})
@@ -441,15 +446,17 @@ def checkpoint_uses(cfg: EnsembleConfig, target: str) -> dict[tuple[Path | None,
         for key, value in params.items():
             if key != "checkpoint" and not key.endswith("_checkpoint"):
                 continue
-            kind = kinds.get(key, Kind(lambda path, report: None))     # unknown family: the path must exist
-            if params.get("load_format") == "dummy" and kind.check is check_chat:
-                kind = Kind(check_chat_config)
+            kind = kinds.get(key, Kind(exists_only))
+            if kind.check is check_chat and params.get("load_format", "dummy") == "dummy":
+                kind = Kind(check_chat_config)      # a step that reads the tokenizer alone, or serves random weights
             if not value and key != "checkpoint":
                 if not kind.default or not params.get("checkpoint"):
                     continue
                 value = str(resolve(params["checkpoint"]) / kind.default)
             uses.setdefault((resolve(value) if value else None, kind.check), key)
-    return uses
+    # the whole chat check covers the pre and post steps' part of it
+    return {(path, check): key for (path, check), key in uses.items()
+            if not (check is check_chat_config and (path, check_chat) in uses)}
 
 
 def verify(configs: list[EnsembleConfig], target: str = "cpu") -> list[str]:

@@ -180,6 +180,16 @@ def test_no_verify_builds_anyway(tmp_path, capsys, copy):
     assert (tmp_path / "repo" / "qwen3_chat_ar" / "config.pbtxt").exists()
 
 
+def test_random_weights_need_no_weights_file(tmp_path, capsys, copy):
+    folder = copy("qwen3")
+    rewrite(folder / "model.safetensors", None)
+    assert build(tmp_path, "qwen3_chat", folder, "--set", "qwen3_chat.ar.load_format=dummy") == 0, capsys.readouterr().err
+    rewrite(folder / "tokenizer.json", None)          # the tokenizer is still read
+    shutil.rmtree(tmp_path / "repo")
+    assert build(tmp_path, "qwen3_chat", folder, "--set", "qwen3_chat.ar.load_format=dummy") == 2
+    assert f"{folder / 'tokenizer.json'}: missing" in capsys.readouterr().err
+
+
 def test_sharded_checkpoint_index_is_checked_against_its_shards(tmp_path, capsys, copy):
     folder = copy("qwen3")
     tensors = load_file(str(folder / "model.safetensors"))
