@@ -30,7 +30,8 @@ MAX_VOICE_NAME_CHARS = 256
 
 def speech_sampling(body: Fields) -> dict | None:
     """Extensions that reach the model's sampler (OpenAI's speech API has none)."""
-    p = {"seed": body.number("seed", lo=INT64_MIN, hi=INT64_MAX, integer=True), "temperature": body.number("temperature", lo=0, hi=2),
+    p = {"seed": body.number("seed", lo=INT64_MIN, hi=INT64_MAX, integer=True),
+         "temperature": body.number("temperature", lo=0, hi=2),
          "top_p": body.number("top_p", lo=0, hi=1, lo_open=True), "top_k": body.number("top_k", lo=-1, integer=True),
          "max_tokens": body.number("max_tokens", lo=1, integer=True)}
     p = {k: v for k, v in p.items() if v is not None}

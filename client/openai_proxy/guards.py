@@ -101,8 +101,9 @@ async def guard(request: Request) -> None:
         wait = proxy.limiter.take(client)
         if wait > 0:
             seconds = max(1, math.ceil(wait))
-            await refuse(request, ProxyError(429, f"Rate limit reached: at most {proxy.settings.rate_limit_per_minute:g} "
-                                             f"requests a minute; retry in {seconds} s", code="rate_limit_exceeded",
+            rate = proxy.settings.rate_limit_per_minute
+            await refuse(request, ProxyError(429, f"Rate limit reached: at most {rate:g} requests a minute; retry in "
+                                             f"{seconds} s", code="rate_limit_exceeded",
                                              headers={"Retry-After": str(seconds)}))
 
 
