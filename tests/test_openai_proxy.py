@@ -96,19 +96,26 @@ def sdk(proxy):
 def request(url: str, path: str, body=None, content_type: str | None = "application/json", key: str | None = API_KEY,
             headers: dict | None = None, method: str = "POST"):
     """A raw HTTP request: (status, parsed JSON or text). For what the SDK will not send."""
+    status, body, _ = request_with_headers(url, path, body, content_type, key, headers, method)
+    return status, body
+
+
+def request_with_headers(url: str, path: str, body=None, content_type: str | None = "application/json",
+                         key: str | None = API_KEY, headers: dict | None = None, method: str = "POST"):
+    """`request`, and the answer's headers too: (status, parsed JSON or text, headers)."""
     data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
     h = {**({"Content-Type": content_type} if content_type else {}), **({"Authorization": f"Bearer {key}"} if key else {}),
          **(headers or {})}
     req = urllib.request.Request(url + path, data=data, headers=h, method=method)
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
-            raw, status = r.read(), r.status
+            raw, status, got = r.read(), r.status, r.headers
     except urllib.error.HTTPError as e:
-        raw, status = e.read(), e.code
+        raw, status, got = e.read(), e.code, e.headers
     try:
-        return status, json.loads(raw)
+        return status, json.loads(raw), got
     except ValueError:
-        return status, raw.decode()
+        return status, raw.decode(), got
 
 
 def chat_client_answer(server, **sampling):
@@ -344,32 +351,41 @@ class FakeGateway:
 
 
 FAKE_ROUTES = {"fake_tts": "speech", "fake_asr": "transcription", "fake_image": "image_generation",
-               "fake_edit": "image_edit", "fake_video": "video"}
+               "fake_edit": "image_edit", "fake_video": "video", "fake_chat": "chat"}
 PCM = [b"\x01\x00" * 50, b"\x02\x00" * 30]
 
 
-@pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    """The proxy app in-process (uvicorn in a thread) over a fake gateway with a model for every route."""
-    import uvicorn
-
-    from triton_omni.client.openai_proxy.app import create_app
-    from triton_omni.client.openai_proxy.context import Settings
-    from triton_omni.client.openai_proxy.models import ModelTable
-
-    tmp = tmp_path_factory.mktemp("fake_proxy")
-    app = create_app(Settings(voices_dir=tmp / "voices"))
-    gateway = FakeGateway(FAKE_ROUTES, {
+def fake_gateway() -> FakeGateway:
+    """A model for every route, each answering canned outputs."""
+    return FakeGateway(FAKE_ROUTES, {
         "fake_tts": [{"audio": _strings(p), "sample_rate": np.array([24000], np.int32),
                       "finish_reason": _strings(b"stop" if i else b"")} for i, p in enumerate(PCM)],
         "fake_asr": [{"text": _strings("hello world".encode())}],
         "fake_image": [{"images": _strings(b"IMG1", b"IMG2")}],
         "fake_edit": [{"images": _strings(b"EDITED")}],
         "fake_video": [{"video": _strings(b"MP4DATA")}],
+        "fake_chat": [{"text_output": _strings(b"Hi there"), "finish_reason": _strings(b"stop"),
+                       "prompt_tokens": np.array([5], np.int32), "completion_tokens": np.array([2], np.int32)}],
     })
+
+
+def app_over(settings, gateway):
+    """The proxy app with `settings`, its Triton gateway replaced by `gateway`."""
+    from triton_omni.client.openai_proxy.app import create_app
+    from triton_omni.client.openai_proxy.models import ModelTable
+
+    app = create_app(settings)
     proxy = app.state.proxy
     proxy.gateway = proxy.videos.gateway = gateway
     proxy.models = ModelTable(gateway)
+    return app
+
+
+@contextlib.contextmanager
+def serving(app):
+    """`app` served by uvicorn in a thread on a free port; yields its base URL."""
+    import uvicorn
+
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -378,13 +394,26 @@ def fake(tmp_path_factory):
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "in-process proxy did not start"
         time.sleep(0.05)
-    client = openai.OpenAI(api_key="unused", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0, timeout=30)
     try:
-        yield client, gateway, tmp
+        yield f"http://127.0.0.1:{port}"
     finally:
-        client.close()
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    """The proxy app in-process (uvicorn in a thread) over a fake gateway with a model for every route."""
+    from triton_omni.client.openai_proxy.context import Settings
+
+    tmp = tmp_path_factory.mktemp("fake_proxy")
+    gateway = fake_gateway()
+    with serving(app_over(Settings(voices_dir=tmp / "voices"), gateway)) as url:
+        client = openai.OpenAI(api_key="unused", base_url=f"{url}/v1", max_retries=0, timeout=30)
+        try:
+            yield client, gateway, tmp
+        finally:
+            client.close()
 
 
 def last_call(gateway):

@@ -6,7 +6,6 @@ gRPC to Triton.
 """
 from __future__ import annotations
 
-import hmac
 import time
 from contextlib import asynccontextmanager
 
@@ -15,21 +14,10 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from triton_omni.client.openai_proxy import audio, chat, images, videos
 from triton_omni.client.openai_proxy.context import Proxy, Settings, proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, install
-from triton_omni.client.openai_proxy.fields import refuse
+from triton_omni.client.openai_proxy.guards import KeyRing, RateLimiter, add_cors, guard
 from triton_omni.client.openai_proxy.models import ModelTable
 from triton_omni.client.openai_proxy.triton import ClientGone, TritonGateway
 from triton_omni.client.openai_proxy.voices import VoiceStore
-
-
-async def check_api_key(request: Request) -> None:
-    key = proxy_of(request).settings.api_key
-    if key is None:
-        return
-    given = request.headers.get("authorization", "")
-    scheme, _, token = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        await refuse(request, ProxyError(401, "Incorrect API key provided" if given else "Missing API key: send "
-                                         "'Authorization: Bearer <key>'", code="invalid_api_key"))
 
 
 models_router = APIRouter()
@@ -63,8 +51,12 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="triton-omni OpenAI-compatible proxy", version="1", lifespan=lifespan)
     app.state.proxy = Proxy(settings, gateway, ModelTable(gateway),
-                            VoiceStore(settings.voices_dir), videos.VideoJobs(gateway, settings.max_video_jobs))
+                            VoiceStore(settings.voices_dir), videos.VideoJobs(gateway, settings.max_video_jobs),
+                            keys=KeyRing(settings.api_keys) if settings.api_keys else None,
+                            limiter=(RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)
+                                     if settings.rate_limit_per_minute > 0 else None))
     install(app)
+    add_cors(app, settings.cors_origins)
 
     @app.exception_handler(ClientGone)
     async def client_gone(request: Request, exc: ClientGone):
@@ -77,7 +69,7 @@ def create_app(settings: Settings) -> FastAPI:
             return {"status": "ok", "time": int(time.time())}
         raise ProxyError(503, "the Triton server is unavailable", code="triton_unavailable")
 
-    secured = [Depends(check_api_key)]
+    secured = [Depends(guard)]
     for router in (models_router, chat.router, audio.router, images.router, videos.router):
         app.include_router(router, dependencies=secured)
     return app

@@ -16,7 +16,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from triton_omni.client.openai_proxy.context import proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, missing
-from triton_omni.client.openai_proxy.fields import Fields, form_body, json_body
+from triton_omni.client.openai_proxy.fields import INT64_MAX, INT64_MIN, Fields, form_body, json_body, shown
 from triton_omni.client.openai_proxy.sse import event, sse_response
 from triton_omni.client.openai_proxy.triton import ClientGone, first_response
 from triton_omni.client.tensors import first, text
@@ -25,11 +25,13 @@ router = APIRouter()
 MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/pcm"}
 SSE_DELTA_BYTES = 32 << 10      # a whole file sent as SSE is cut in deltas of this size
 MAX_INPUT_CHARS = 4096          # OpenAI's limit on `input`
+MAX_VOICE_NAME_CHARS = 256
 
 
 def speech_sampling(body: Fields) -> dict | None:
     """Extensions that reach the model's sampler (OpenAI's speech API has none)."""
-    p = {"seed": body.number("seed", integer=True), "temperature": body.number("temperature", lo=0, hi=2),
+    p = {"seed": body.number("seed", lo=INT64_MIN, hi=INT64_MAX, integer=True),
+         "temperature": body.number("temperature", lo=0, hi=2),
          "top_p": body.number("top_p", lo=0, hi=1, lo_open=True), "top_k": body.number("top_k", lo=-1, integer=True),
          "max_tokens": body.number("max_tokens", lo=1, integer=True)}
     p = {k: v for k, v in p.items() if v is not None}
@@ -50,7 +52,7 @@ def resolve_voice(proxy, body: Fields) -> dict:
         return {"reference_audio": (uploaded.audio, "BYTES"),
                 "reference_text": (uploaded.transcript or None, "BYTES")}
     if isinstance(raw, dict):
-        raise bad_field("voice", f"no uploaded voice with id {key!r} (POST /v1/audio/voices uploads one)")
+        raise bad_field("voice", f"no uploaded voice with id {shown(key)} (POST /v1/audio/voices uploads one)")
     return {"voice": (key, "BYTES")}
 
 
@@ -64,13 +66,11 @@ def speech_param(field: str) -> str:
 @router.post("/v1/audio/speech")
 async def speech(request: Request):
     proxy = proxy_of(request)
-    body = await json_body(request, proxy.settings.max_body_bytes)
+    body = await json_body(request)
     model_name = body.string("model")
-    text_in = body.string("input", required=True)
+    text_in = body.string("input", required=True, max_chars=MAX_INPUT_CHARS)
     if not text_in.strip():
         raise bad_field("input", "is empty")
-    if len(text_in) > MAX_INPUT_CHARS:
-        raise bad_field("input", f"has {len(text_in)} characters; at most {MAX_INPUT_CHARS}")
     fmt = body.string("response_format", choices=tuple(MEDIA_TYPES), default="mp3")
     stream_format = body.string("stream_format", choices=("audio", "sse"), default="audio")
     speed = body.number("speed", lo=0.25, hi=4.0)
@@ -140,8 +140,8 @@ async def speech_events(replies, head):
 @router.post("/v1/audio/voices")
 async def create_voice(request: Request):
     proxy = proxy_of(request)
-    form = await form_body(request, proxy.settings.max_body_bytes)
-    name = form.string("name", required=True).strip()
+    form = await form_body(request)
+    name = form.string("name", required=True, max_chars=MAX_VOICE_NAME_CHARS).strip()
     if not name:
         raise bad_field("name", "is empty")
     found = form.files("audio_sample", "audio", "file")
@@ -167,7 +167,7 @@ async def list_voices(request: Request):
 def _voice_or_404(request: Request, voice_id: str):
     voice = proxy_of(request).voices.find(voice_id)
     if voice is None:
-        raise ProxyError(404, f"no voice {voice_id!r}", param="voice_id", code="voice_not_found")
+        raise ProxyError(404, f"no voice {shown(voice_id)}", param="voice_id", code="voice_not_found")
     return voice
 
 
@@ -187,7 +187,7 @@ async def delete_voice(request: Request, voice_id: str):
 @router.post("/v1/audio/transcriptions")
 async def transcriptions(request: Request):
     proxy = proxy_of(request)
-    form = await form_body(request, proxy.settings.max_body_bytes)
+    form = await form_body(request)
     audio = await form.file_bytes("file", required=True)
     model_name = form.string("model")
     language = form.string("language")

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 
 from triton_omni.client.openai_proxy.context import proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, missing
-from triton_omni.client.openai_proxy.fields import Fields, json_body
+from triton_omni.client.openai_proxy.fields import INT32_MAX, INT64_MAX, INT64_MIN, Fields, json_body, shown
 from triton_omni.client.openai_proxy.sse import DONE, event, sse_response
 from triton_omni.client.openai_proxy.triton import ClientGone, first_response
 from triton_omni.client.tensors import first, text
@@ -26,19 +26,21 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 UNSUPPORTED = ("tools", "functions", "audio", "prediction", "logit_bias")
 
 
-def parse_messages(body: Fields) -> list[dict]:
+def parse_messages(body: Fields, max_chars: int) -> list[dict]:
+    """The messages, their text joined; refused past `max_chars` characters in all (the prompt the
+    model would tokenize), before anything is sent."""
     raw = body.raw("messages")
     if raw is None:
         raise missing("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_field("messages", "expected a non-empty list of messages")
-    out = []
+    out, chars = [], 0
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad_field(where, "expected an object with 'role' and 'content'")
         if m.get("role") not in ROLES:
-            raise bad_field(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {m.get('role')!r}")
+            raise bad_field(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {shown(m.get('role'))}")
         content = m.get("content")
         if isinstance(content, list):
             parts = []
@@ -51,6 +53,9 @@ def parse_messages(body: Fields) -> list[dict]:
             content = ""
         elif not isinstance(content, str):
             raise bad_field(f"{where}.content", "expected a string or a list of text parts")
+        chars += len(content)
+        if chars > max_chars:
+            raise bad_field("messages", f"the messages have more than {max_chars} characters in all")
         out.append({"role": m["role"], "content": content})
     return out
 
@@ -61,7 +66,7 @@ def sampling_parameters(body: Fields) -> tuple[dict, str]:
     p = {"max_tokens": body.number(length_field, lo=1, integer=True),
          "temperature": body.number("temperature", lo=0, hi=2),
          "top_p": body.number("top_p", lo=0, hi=1, lo_open=True),
-         "seed": body.number("seed", integer=True),
+         "seed": body.number("seed", lo=INT64_MIN, hi=INT64_MAX, integer=True),
          # extensions that vLLM's OpenAI server also takes
          "top_k": body.number("top_k", lo=-1, integer=True),
          "ignore_eos": body.boolean("ignore_eos")}
@@ -74,8 +79,8 @@ def sampling_parameters(body: Fields) -> tuple[dict, str]:
         p["stop"] = stop
     ids = body.raw("stop_token_ids")
     if ids is not None:
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise bad_field("stop_token_ids", "expected a list of integers")
+        if not isinstance(ids, list) or not all(type(t) is int and 0 <= t <= INT32_MAX for t in ids):
+            raise bad_field("stop_token_ids", f"expected a list of token ids (integers in [0, {INT32_MAX}])")
         p["stop_token_ids"] = ids
     return {k: v for k, v in p.items() if v is not None}, length_field
 
@@ -117,9 +122,9 @@ def usage(outputs) -> dict:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     proxy = proxy_of(request)
-    body = await json_body(request, proxy.settings.max_body_bytes)
+    body = await json_body(request)
     model_name = body.string("model", required=True)
-    messages = parse_messages(body)
+    messages = parse_messages(body, proxy.settings.max_text_chars)
     sampling, length_field = sampling_parameters(body)
     check_unsupported(body)
     stream = body.boolean("stream", default=False)
@@ -128,7 +133,11 @@ async def chat_completions(request: Request):
         raise bad_field("stream_options", "only allowed when 'stream' is true")
     if options is not None and not isinstance(options, dict):
         raise bad_field("stream_options", "expected an object")
-    include_usage = bool((options or {}).get("include_usage"))
+    include_usage = (options or {}).get("include_usage", False)
+    if include_usage is None:
+        include_usage = False
+    if not isinstance(include_usage, bool):
+        raise bad_field("stream_options.include_usage", f"must be true or false, got {shown(include_usage)}")
     template_kwargs = body.raw("chat_template_kwargs")
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise bad_field("chat_template_kwargs", "expected an object")

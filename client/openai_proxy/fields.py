@@ -1,7 +1,16 @@
 """Reading a request: content type (415), size (413), JSON or multipart body, typed fields (400).
 
-Handlers read their fields through `Fields`, which names the offending field in every error, so a
-client learns exactly what to fix: `'temperature': must be a number in [0, 2], got 'hot'`.
+Everything here runs before a handler does any real work (a Triton call, a tokenizer): a bad
+request costs the proxy a parse, never the model. Two layers:
+- `check_shape`, once per body, at parse time: no text longer than `max_text_chars` characters,
+  no list or object with more than MAX_ITEMS entries, nothing nested deeper than MAX_DEPTH, no
+  NaN / Infinity (Python's json reads them; JSON has none) and no integer of more than
+  MAX_INT_DIGITS digits, anywhere in the body, named by its path (`messages[0].content`);
+- `Fields`, as a handler reads a field: its type and range. Numbers always have a range (by
+  default that of the tensor type they travel as), so no 1e308 or 2**70 reaches a model, and an
+  integer field refuses 1.5 rather than cutting it to 1.
+Every error names the field, so a client learns exactly what to fix:
+`'temperature': expected a number in [0, 2], got "hot"`.
 """
 from __future__ import annotations
 
@@ -12,9 +21,18 @@ from typing import Any, Iterable
 from fastapi import Request
 from starlette.datastructures import FormData, UploadFile
 
+from triton_omni.client.openai_proxy.context import proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, missing
 
 DRAIN_BYTES = 64 << 20     # how much of an oversized body is read (and dropped) before the 413
+MAX_ITEMS = 4096           # entries of one list or object (messages, stop_token_ids, ...)
+MAX_DEPTH = 32             # nesting of lists and objects
+MAX_INT_DIGITS = 24        # past any int64; longer integers are refused before they are converted
+MAX_FILES = 16             # uploaded files in one multipart body (OpenAI's image edits take 16)
+SHOWN_CHARS = 80           # of a bad value, echoed in its error
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+FP32_MAX = 3.4028234663852886e38
 
 
 def media_type(request: Request) -> str:
@@ -68,30 +86,96 @@ async def read_body(request: Request, limit: int) -> bytes:
     return body
 
 
-async def json_body(request: Request, limit: int) -> "Fields":
+async def json_body(request: Request) -> "Fields":
     await _require_type(request, "application/json")
-    raw = await read_body(request, limit)
+    settings = proxy_of(request).settings
+    return parse_json(await read_body(request, settings.max_body_bytes), settings.max_text_chars)
+
+
+def parse_json(raw: bytes, max_text_chars: int) -> "Fields":
+    """A JSON body, its shape checked (`check_shape`)."""
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_int=_int_or_huge)
     except (ValueError, UnicodeDecodeError) as e:
         raise ProxyError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise ProxyError(400, f"the body is nested deeper than {MAX_DEPTH} levels", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ProxyError(400, "the body must be a JSON object", code="invalid_json")
+    check_shape(data, max_text_chars)
     return Fields(data)
 
 
-async def form_body(request: Request, limit: int) -> "Fields":
+async def form_body(request: Request) -> "Fields":
     await _require_type(request, "multipart/form-data")
-    await read_body(request, limit)
+    settings = proxy_of(request).settings
+    await read_body(request, settings.max_body_bytes)
     try:
-        form = await request.form(max_part_size=limit)
+        form = await request.form(max_files=MAX_FILES, max_part_size=settings.max_body_bytes)
     except Exception as e:  # noqa: BLE001 - python-multipart's errors: a malformed body
         raise ProxyError(400, f"the multipart body could not be parsed: {e}", code="invalid_body") from None
+    for name, value in form.multi_items():
+        if isinstance(value, UploadFile) and (value.size or 0) > settings.max_upload_bytes:
+            raise ProxyError(413, f"'{name}': the uploaded file has {value.size} bytes; at most "
+                                  f"{settings.max_upload_bytes} are accepted", param=name, code="file_too_large")
+    check_shape(form, settings.max_text_chars)
     return Fields(form, form=True)
 
 
-async def json_or_form(request: Request, limit: int) -> "Fields":
-    return await (form_body if media_type(request) == "multipart/form-data" else json_body)(request, limit)
+async def json_or_form(request: Request) -> "Fields":
+    return await (form_body if media_type(request) == "multipart/form-data" else json_body)(request)
+
+
+class HugeInt:
+    """An integer literal of more than MAX_INT_DIGITS digits, kept as its length: never converted."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _int_or_huge(literal: str) -> int | HugeInt:
+    return int(literal) if len(literal.lstrip("-")) <= MAX_INT_DIGITS else HugeInt(len(literal))
+
+
+def check_shape(data: dict | FormData, max_text_chars: int) -> None:
+    """Refuse (400, naming the value's path) any text, list or nesting past the limits, and any
+    value that is no finite JSON number. Iterative: a deep body cannot exhaust the stack. A path is
+    built only for the error (a (parent, key) chain), so long keys cost nothing on the way."""
+    items = data.multi_items() if isinstance(data, FormData) else data.items()
+    stack = [(value, (None, key), 1) for key, value in reversed(list(items))]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, str):
+            if len(value) > max_text_chars:
+                raise bad_field(_path(where), f"has {len(value)} characters; at most {max_text_chars} are accepted")
+        elif isinstance(value, HugeInt):
+            raise bad_field(_path(where), f"{value!r} is out of range")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise bad_field(_path(where), f"{json.dumps(value)} is not a number JSON allows")
+        elif isinstance(value, (list, dict)):
+            if len(value) > MAX_ITEMS:
+                raise bad_field(_path(where), f"has {len(value)} entries; at most {MAX_ITEMS} are accepted")
+            if depth >= MAX_DEPTH:
+                raise bad_field(_path(where), f"is nested deeper than {MAX_DEPTH} levels")
+            children = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, child in reversed(list(children)):
+                if isinstance(key, str) and len(key) > max_text_chars:
+                    raise bad_field(_path(where), f"has a key of {len(key)} characters")
+                stack.append((child, (where, key), depth + 1))
+
+
+def _path(where: tuple) -> str:
+    keys = []
+    while where is not None:
+        where, key = where
+        keys.append(key)
+    out = ""
+    for key in reversed(keys):
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else key)
+    return out
 
 
 class Fields:
@@ -107,44 +191,43 @@ class Fields:
         return self.data.get(name)
 
     def string(self, name: str, required: bool = False, choices: Iterable[str] | None = None,
-               default: str | None = None) -> str | None:
+               default: str | None = None, max_chars: int | None = None) -> str | None:
         value = self.data.get(name)
         if value is None:
             if required:
                 raise missing(name)
             return default
         if not isinstance(value, str):
-            raise bad_field(name, f"expected a string, got {json.dumps(_plain(value))}")
+            raise bad_field(name, f"expected a string, got {shown(value)}")
         if choices is not None and value not in choices:
-            raise bad_field(name, f"expected one of {', '.join(choices)}, got {value!r}")
+            raise bad_field(name, f"expected one of {', '.join(choices)}, got {shown(value)}")
+        if max_chars is not None and len(value) > max_chars:
+            raise bad_field(name, f"has {len(value)} characters; at most {max_chars} are accepted")
         return value
 
     def number(self, name: str, lo: float | None = None, hi: float | None = None, integer: bool = False,
-               lo_open: bool = False, default: float | None = None) -> float | int | None:
+               lo_open: bool = False, default: float | None = None, strings: bool = False) -> float | int | None:
+        """A number in [lo, hi] (`lo_open`: (lo, hi]); without bounds, those of an INT32 or FP32
+        tensor. A form's strings are parsed, and a JSON string too where `strings` (OpenAI sends
+        some numbers as strings, e.g. a video's `seconds`). An integer field takes 2.0 as 2 and
+        refuses 1.5."""
         value = self.data.get(name)
         if value is None:
             return default
-        what = "an integer" if integer else "a number"
-        if lo is not None and hi is not None:
-            what += f" in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
-        elif lo is not None:
-            what += f" {'>' if lo_open else '>='} {lo:g}"
-        if self.form and isinstance(value, str):
-            try:
-                value = int(value) if integer else float(value)
-            except ValueError:
-                raise bad_field(name, f"must be {what}, got {value!r}") from None
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if ok and integer and isinstance(value, float):
-            ok = value.is_integer()
-            value = int(value)
-        if ok and lo is not None:
-            ok = value > lo if lo_open else value >= lo
-        if ok and hi is not None:
-            ok = value <= hi
-        if not ok:
-            raise bad_field(name, f"must be {what}, got {json.dumps(_plain(value))}")
-        return value
+        lo = (INT32_MIN if integer else -FP32_MAX) if lo is None else lo
+        hi = (INT32_MAX if integer else FP32_MAX) if hi is None else hi
+        want = f"{'an integer' if integer else 'a number'} in {'(' if lo_open else '['}{_bound(lo)}, {_bound(hi)}]"
+        if isinstance(value, str) and (self.form or strings):
+            value = _parse_number(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad_field(name, f"expected {want}, got {shown(value)}")
+        if not math.isfinite(value):
+            raise bad_field(name, f"{shown(value)} is not a finite number; expected {want}")
+        if integer and isinstance(value, float) and not value.is_integer():
+            raise bad_field(name, f"{shown(value)} is not an integer; expected {want}")
+        if value > hi or (value <= lo if lo_open else value < lo):     # compared before int(): 1e308 stays a float
+            raise bad_field(name, f"{shown(value)} is out of range; expected {want}")
+        return int(value) if integer else value
 
     def boolean(self, name: str, default: bool | None = None) -> bool | None:
         value = self.data.get(name)
@@ -153,7 +236,7 @@ class Fields:
         if self.form and isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         if not isinstance(value, bool):
-            raise bad_field(name, f"must be true or false, got {json.dumps(_plain(value))}")
+            raise bad_field(name, f"must be true or false, got {shown(value)}")
         return value
 
     def files(self, *names: str) -> list[tuple[str, UploadFile]]:
@@ -174,5 +257,26 @@ class Fields:
         return data
 
 
-def _plain(value: Any) -> Any:
-    return value if isinstance(value, (str, int, float, bool, list, dict, type(None))) else str(value)
+def shown(value: Any) -> str:
+    """A bad value as its error echoes it: short, whatever was sent."""
+    if isinstance(value, str):
+        return json.dumps(value[:SHOWN_CHARS]) + ("..." if len(value) > SHOWN_CHARS else "")
+    if isinstance(value, (bool, int, float, type(None))):
+        return json.dumps(value)
+    if isinstance(value, (list, dict)):
+        return f"{'a list' if isinstance(value, list) else 'an object'} of {len(value)} entries"
+    return repr(value)[:SHOWN_CHARS]
+
+
+def _bound(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def _parse_number(text: str) -> int | float | str:
+    """A form's (or a JSON string's) number; the text itself when it is none (refused by the caller)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:      # also an integer of more than 4300 digits
+            pass
+    return text

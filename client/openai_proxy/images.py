@@ -14,11 +14,11 @@ from fastapi import APIRouter, Request
 
 from triton_omni.client.openai_proxy.context import proxy_of
 from triton_omni.client.openai_proxy.errors import bad_field
-from triton_omni.client.openai_proxy.fields import Fields, form_body, json_body
+from triton_omni.client.openai_proxy.fields import INT32_MAX, INT64_MAX, Fields, form_body, json_body, shown
 from triton_omni.client.tensors import items
 
 router = APIRouter()
-SIZE = re.compile(r"^[1-9][0-9]*x[1-9][0-9]*$")
+SIZE = re.compile(r"^[1-9][0-9]{0,5}x[1-9][0-9]{0,5}$")     # the model bounds it; this keeps it a number
 OUTPUT_FORMATS = ("png", "jpeg", "webp")
 
 
@@ -31,12 +31,12 @@ def image_values(body: Fields) -> dict:
     if size == "auto":
         size = None          # the model's default size
     if size is not None and not SIZE.match(size):
-        raise bad_field("size", f"expected WIDTHxHEIGHT (e.g. 1024x1024) or 'auto', got {size!r}")
+        raise bad_field("size", f"expected WIDTHxHEIGHT (e.g. 1024x1024) or 'auto', got {shown(size)}")
     return {"prompt": (prompt, "BYTES"), "negative_prompt": (body.string("negative_prompt"), "BYTES"),
             "size": (size, "BYTES"),
-            "num_inference_steps": (body.number("num_inference_steps", lo=1, integer=True), "INT32"),
+            "num_inference_steps": (body.number("num_inference_steps", lo=1, hi=INT32_MAX, integer=True), "INT32"),
             "guidance_scale": (body.number("guidance_scale", lo=0), "FP32"),
-            "seed": (body.number("seed", lo=0, hi=2**63 - 1, integer=True), "INT64")}
+            "seed": (body.number("seed", lo=0, hi=INT64_MAX, integer=True), "INT64")}
 
 
 def output_values(body: Fields) -> tuple[dict, str]:
@@ -58,14 +58,14 @@ async def answer(request: Request, route: str, body: Fields, values: dict, fmt: 
 
 @router.post("/v1/images/generations")
 async def generations(request: Request):
-    body = await json_body(request, proxy_of(request).settings.max_body_bytes)
+    body = await json_body(request)
     outputs, fmt = output_values(body)
     return await answer(request, "image_generation", body, {**image_values(body), **outputs}, fmt)
 
 
 @router.post("/v1/images/edits")
 async def edits(request: Request):
-    form = await form_body(request, proxy_of(request).settings.max_body_bytes)
+    form = await form_body(request)
     uploads = form.files("image", "image[]")
     if not uploads:
         raise bad_field("image", "at least one image file is required")

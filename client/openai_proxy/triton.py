@@ -5,6 +5,10 @@ responses to the event loop). The stream ends on Triton's final-response flag. W
 goes away (checked while waiting) or the handler stops iterating, the stream is closed with
 `cancel_requests=True`: Triton cancels the request and the model's front aborts its decode, so
 nothing keeps running for a client that left.
+
+Every call to Triton has a deadline: the control calls CONTROL_TIMEOUT_S, a request's stream
+`timeout_s` (504 past it, checked while responses keep coming too; the gRPC stream itself has a
+deadline a little later, in case the proxy's loop is what stalls).
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from triton_omni.client.triton import host_port, is_final_response
 
 Outputs = dict[str, np.ndarray]
 POLL_S = 0.2            # how often a waiting request checks that its client is still there
+CONTROL_TIMEOUT_S = 10  # model index, model config, liveness
+STREAM_GRACE_S = 5      # the gRPC stream's own deadline: this much after the proxy's
 
 
 class ClientGone(Exception):
@@ -46,16 +52,19 @@ class TritonGateway:
             raise from_triton(e) from None
 
     async def ready_models(self) -> set[str]:
-        index = await self._call(self._control.get_model_repository_index, as_json=True, client_timeout=10)
+        index = await self._call(self._control.get_model_repository_index, as_json=True,
+                                 client_timeout=CONTROL_TIMEOUT_S)
         return {m["name"] for m in index.get("models", []) if m.get("state") == "READY"}
 
     async def model_config(self, name: str) -> dict:
         """A model's config.pbtxt as Triton's JSON (its `parameters` say which OpenAI route it serves)."""
-        return (await self._call(self._control.get_model_config, name, as_json=True, client_timeout=10))["config"]
+        config = await self._call(self._control.get_model_config, name, as_json=True,
+                                  client_timeout=CONTROL_TIMEOUT_S)
+        return config["config"]
 
     async def live(self) -> bool:
         try:
-            return bool(await self._call(self._control.is_server_live, client_timeout=5))
+            return bool(await self._call(self._control.is_server_live, client_timeout=CONTROL_TIMEOUT_S))
         except ProxyError:
             return False
 
@@ -75,18 +84,18 @@ class TritonGateway:
         client = grpcclient.InferenceServerClient(self.url)
         finished = False
         try:
-            client.start_stream(callback=on_response)
+            client.start_stream(callback=on_response, stream_timeout=self.timeout_s + STREAM_GRACE_S)
             client.async_stream_infer(model, make_inputs(grpcclient, values), request_id=uuid.uuid4().hex,
                                       enable_empty_final_response=True)
             deadline = loop.time() + self.timeout_s
             while True:
+                if loop.time() > deadline:      # here, not only when idle: a model may stream forever
+                    raise ProxyError(504, f"{model} did not answer in {self.timeout_s:g} s", code="timeout")
                 try:
                     result, error = await asyncio.wait_for(queue.get(), POLL_S)
                 except asyncio.TimeoutError:
                     if disconnected is not None and await disconnected():
                         raise ClientGone() from None
-                    if loop.time() > deadline:
-                        raise ProxyError(504, f"{model} did not answer in {self.timeout_s:.0f} s", code="timeout")
                     continue
                 if error is not None:
                     finished = True

@@ -19,12 +19,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from triton_omni.client.openai_proxy.context import proxy_of
-from triton_omni.client.openai_proxy.errors import ProxyError, bad_field
-from triton_omni.client.openai_proxy.fields import json_or_form
+from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, server_error
+from triton_omni.client.openai_proxy.fields import json_or_form, shown
 from triton_omni.client.openai_proxy.images import image_values
 from triton_omni.client.tensors import first
 
 router = APIRouter()
+MAX_SECONDS = 600
 
 
 @dataclass
@@ -55,6 +56,10 @@ class VideoJobs:
         self.jobs: dict[str, VideoJob] = {}
 
     def start(self, job: VideoJob, values: dict) -> None:
+        running = sum(1 for j in self.jobs.values() if j.status in ("queued", "in_progress"))
+        if running >= self.keep:
+            raise ProxyError(429, f"{running} video jobs are running, the most this server keeps; retry later",
+                             code="too_many_jobs", headers={"Retry-After": "30"})
         self.jobs[job.id] = job
         job.task = asyncio.get_running_loop().create_task(self._run(job, values))
         self._forget_old()
@@ -75,8 +80,9 @@ class VideoJobs:
         except asyncio.CancelledError:
             job.status, job.error = "failed", {"code": "cancelled", "message": "the job was deleted"}
             raise
-        except Exception as e:  # noqa: BLE001 - the job fails, the proxy goes on
-            job.status, job.error = "failed", {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}
+        except Exception as e:  # noqa: BLE001 - the job fails, the proxy goes on (the detail only in the log)
+            error = server_error("internal error", f"video job {job.id}", "internal_error", e)
+            job.status, job.error = "failed", {"code": error.code, "message": error.message}
         finally:
             job.completed_at = int(time.time())
 
@@ -88,26 +94,18 @@ class VideoJobs:
     def get(self, video_id: str) -> VideoJob:
         job = self.jobs.get(video_id)
         if job is None:
-            raise ProxyError(404, f"no video {video_id!r}", param="video_id", code="video_not_found")
+            raise ProxyError(404, f"no video {shown(video_id)}", param="video_id", code="video_not_found")
         return job
 
 
 @router.post("/v1/videos")
 async def create_video(request: Request):
     proxy = proxy_of(request)
-    body = await json_or_form(request, proxy.settings.max_body_bytes)
+    body = await json_or_form(request)
     values = image_values(body)
     # OpenAI sends seconds as a string ("4"); a number is fine too.
-    raw_seconds = body.raw("seconds")
-    seconds = None
-    if raw_seconds is not None:
-        try:
-            seconds = float(raw_seconds)
-        except (TypeError, ValueError):
-            raise bad_field("seconds", f"expected a number of seconds, got {raw_seconds!r}") from None
-        if not 0 < seconds <= 600:
-            raise bad_field("seconds", f"must be in (0, 600], got {raw_seconds!r}")
-    values["seconds"] = (seconds, "FP32")
+    seconds = body.number("seconds", lo=0, lo_open=True, hi=MAX_SECONDS, strings=True)
+    values["seconds"] = (None if seconds is None else float(seconds), "FP32")
     values["image"] = (await body.file_bytes("input_reference"), "BYTES")
     model = await proxy.models.resolve("video", body.string("model"))
     job = VideoJob(f"video_{uuid.uuid4().hex}", model.name, values["prompt"][0],
@@ -131,7 +129,7 @@ async def get_video(request: Request, video_id: str):
 async def video_content(request: Request, video_id: str, variant: str = "video"):
     job = proxy_of(request).videos.get(video_id)
     if variant != "video":
-        raise bad_field("variant", f"only 'video' is available, got {variant!r}")
+        raise bad_field("variant", f"only 'video' is available, got {shown(variant)}")
     if job.status != "completed":
         raise ProxyError(409, f"video {video_id!r} is {job.status}; download it once completed",
                          param="video_id", code="video_not_ready")
