@@ -108,11 +108,17 @@ def _locate(value: str, out: Path) -> str:
     return value if out.resolve().parent == PROJECT_ROOT else str(PROJECT_ROOT / p)
 
 
-def step_config(cfg: EnsembleConfig, step: StepConfig, target: str, out: Path) -> mc.ModelConfig:
+def step_config(cfg: EnsembleConfig, step: StepConfig, target: str, out: Path,
+                from_request: frozenset[str] = frozenset()) -> mc.ModelConfig:
+    """`from_request`: the step's inputs that the ensemble takes from the client's request; each is
+    optional here, as in the ensemble (`ensemble_config` says why), and the step's own guard
+    (runtime/guards.py) refuses the request that lacks one the step requires, naming it."""
     cls = step.cls
     m = mc.ModelConfig(name=cfg.model_name(step), backend="python",
                        max_batch_size=cfg.max_batch_size if step.max_batch_size is None else step.max_batch_size)
     m.input.extend(_io(mc.ModelInput, t, with_flags=True) for t in cls.inputs)
+    for t in m.input:
+        t.optional = t.optional or t.name in from_request
     m.output.extend(_io(mc.ModelOutput, t, with_flags=False) for t in cls.outputs)
     kind = mc.ModelInstanceGroup.KIND_GPU if (step.kind == "gpu" and target == "gpu") else mc.ModelInstanceGroup.KIND_CPU
     m.instance_group.append(mc.ModelInstanceGroup(kind=kind, count=step.instance_count(target)))
@@ -165,8 +171,11 @@ def _describe_route(m: mc.ModelConfig, cfg: EnsembleConfig) -> None:
 def ensemble_config(cfg: EnsembleConfig, wiring: Wiring) -> mc.ModelConfig:
     m = mc.ModelConfig(name=ensemble_name(cfg), platform="ensemble", max_batch_size=cfg.max_batch_size)
     m.input.extend(_io(mc.ModelInput, t, with_flags=False) for t in wiring.ensemble_inputs.values())
-    for t, spec in zip(m.input, wiring.ensemble_inputs.values()):
-        t.optional = spec.optional
+    # Every input optional: Triton's (2.51) ensemble scheduler does not refuse a request that lacks a
+    # required input; the step that needs it never runs and the client gets "unexpected deadlock".
+    # Optional, the request reaches the steps, whose guards refuse it naming the missing input.
+    for t in m.input:
+        t.optional = True
     m.output.extend(_io(mc.ModelOutput, wiring.produced[n], with_flags=False) for n in cfg.outputs)
     for step in cfg.steps:
         s = m.ensemble_scheduling.step.add(model_name=cfg.model_name(step), model_version=-1)
@@ -196,7 +205,8 @@ def repository_files(cfg: EnsembleConfig, target: str, out: Path) -> dict[str, s
         files[f"{cfg.name}/1/model.py"] = FRONT_PY.format(header=HEADER.format(src=src))
     for step in cfg.steps:
         name = cfg.model_name(step)
-        files[f"{name}/config.pbtxt"] = render(step_config(cfg, step, target, out), src)
+        from_request = frozenset(k for k, v in wiring.step_inputs[step.key].items() if v in wiring.ensemble_inputs)
+        files[f"{name}/config.pbtxt"] = render(step_config(cfg, step, target, out, from_request), src)
         files[f"{name}/1/model.py"] = MODEL_PY.format(header=HEADER.format(src=src), module=step.cls.__module__,
                                                        cls=step.cls.__name__)
     return files

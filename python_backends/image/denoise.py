@@ -18,6 +18,8 @@ from typing import Hashable
 import torch
 
 from triton_omni.image.checkpoint import load_component, load_scheduler, pipeline_folder, vae_scale_factor
+from triton_omni.image.checks import check_settings
+from triton_omni.image.request import ServedSizes
 from triton_omni.image.tensors import group_by, to_output, to_torch
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
@@ -25,8 +27,10 @@ from triton_omni.runtime.step import Request, Step, StepContext
 
 
 @dataclass
-class DenoiseParams:
+class DenoiseParams(ServedSizes):
     checkpoint: str = ""
+    max_sequence_length: int = 4096    # text-embedding tokens per prompt at most (the edit models' count
+                                       #   the image's tokens too; the text-to-image ensembles set theirs)
     dtype: str = "float32"
     compile: bool = False              # GPU: torch.compile each repeated transformer block (regional:
                                        #   one compiled block serves all layers; a new shape compiles on first use)
@@ -38,6 +42,9 @@ class DenoiseParams:
 # the DiT shapes (bf16, 24-30 heads of 128, 1184-4608 tokens) cuDNN took 0.51-0.60x flash's time
 # (results/image.md says where it was measured).
 ATTENTION_BACKENDS = {"native": "native", "cudnn": "_native_cudnn"}
+# Where a transformer's config gives the width of the text embeddings it takes (Z-Image, FLUX.2 and
+# Qwen-Image, JoyImage).
+TEXT_DIM_KEYS = ("cap_feat_dim", "joint_attention_dim", "text_dim")
 
 
 @dataclass
@@ -53,6 +60,13 @@ class Job:
     guidance: float
     seed: int
     n: int
+
+
+def settings_job(slot: int, settings: dict, prompt: torch.Tensor, negative: torch.Tensor | None) -> Job:
+    """A Job from `check_settings`' values and the request's text conditioning."""
+    return Job(slot=slot, prompt=prompt, negative=negative, width=int(settings["width"]),
+               height=int(settings["height"]), steps=int(settings["num_inference_steps"]),
+               guidance=float(settings["guidance_scale"]), seed=int(settings["seed"]), n=int(settings["n"]))
 
 
 @dataclass
@@ -88,6 +102,9 @@ class DenoiseStep(Step):
         if getattr(self.scheduler.config, "stochastic_sampling", False):
             raise ValueError(f"{ctx.model_name}: stochastic flow-match sampling is not supported")
         self.vae_scale = vae_scale_factor(self.folder)
+        self.multiple = self.vae_scale * 2          # output sides: VAE factor x the 2x2 latent patches
+        self.text_dim = next(getattr(self.transformer.config, k) for k in TEXT_DIM_KEYS
+                             if getattr(self.transformer.config, k, None))
         self._schedules: dict[Hashable, tuple] = {}
         self.set_attention(self.params.attention)
         self.compiled = self.params.compile and torch.device(self.device).type == "cuda"
@@ -104,6 +121,10 @@ class DenoiseStep(Step):
         if not hasattr(self.transformer, "set_attention_backend"):
             raise ValueError(f"parameter attention: {type(self.transformer).__name__} takes only 'native'")
         self.transformer.set_attention_backend(ATTENTION_BACKENDS[name])
+
+    def input_limits(self) -> dict:
+        tokens = (self.params.max_sequence_length, None)
+        return {"prompt_embeds": tokens, "negative_embeds": tokens}
 
     # -- what a model says ----------------------------------------------------------------------
     def latent_shape(self, job: Job) -> tuple[int, ...]:
@@ -146,18 +167,17 @@ class DenoiseStep(Step):
         return self._schedules[key]
 
     def job(self, slot: int, req: Request) -> Job:
+        settings = check_settings(req, self.multiple, self.params)
         prompt = req.get("prompt_embeds")
         negative = req.get("negative_embeds")
         if prompt is None or prompt.shape[0] == 0:
             raise InvalidInput("prompt_embeds", "no prompt embeddings")
-        steps, n = int(req.scalar("num_inference_steps")), int(req.scalar("n"))
-        if steps < 1 or n < 1:
-            raise InvalidInput("num_inference_steps" if steps < 1 else "n", "must be > 0")
         has_negative = negative is not None and negative.shape[0] > 0
-        return Job(slot=slot, prompt=to_torch(prompt, self.device, self.dtype),
-                   negative=to_torch(negative, self.device, self.dtype) if has_negative else None,
-                   width=int(req.scalar("width")), height=int(req.scalar("height")), steps=steps,
-                   guidance=float(req.scalar("guidance_scale")), seed=int(req.scalar("seed")), n=n)
+        for name, embeds in (("prompt_embeds", prompt), ("negative_embeds", negative if has_negative else None)):
+            if embeds is not None and embeds.shape[1] != self.text_dim:
+                raise InvalidInput(name, f"shape {list(embeds.shape)}: this model takes {self.text_dim} values a token")
+        return settings_job(slot, settings, to_torch(prompt, self.device, self.dtype),
+                            to_torch(negative, self.device, self.dtype) if has_negative else None)
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         results: list[dict | BaseException | None] = [None] * len(requests)

@@ -14,8 +14,13 @@ import numpy as np
 import torch
 
 from triton_omni.image.checkpoint import load_component, pipeline_folder
+from triton_omni.image.checks import check_ids
+from triton_omni.image.denoise import DenoiseParams
+from triton_omni.image.request import ServedSizes
 from triton_omni.image.tensors import to_output
 from triton_omni.image.vae import VaeDecodeStep
+from triton_omni.media.image import ImageDecodeError, decode_image
+from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext
 
@@ -30,14 +35,74 @@ CONDITION_INPUTS = (
 
 
 @dataclass
-class EditModelParams:
+class UploadLimits:
+    """What a pre step accepts of each uploaded input image, checked before it is decoded."""
+
+    max_input_pixels: int = 4096 * 4096   # larger uploads are refused before they are decoded
+    max_input_bytes: int = 32 << 20       # an encoded image's bytes at most
+
+
+def decode_inputs(req: Request, max_images: int, limits: UploadLimits) -> list:
+    """The request's `image` field: 1 to `max_images` encoded images, decoded to RGB PIL images."""
+    data = req.get("image")
+    items = [] if data is None else list(np.asarray(data, dtype=object).reshape(-1))
+    if not items:
+        raise InvalidInput("image", "at least one input image is required")
+    if len(items) > max_images:
+        raise InvalidInput("image", f"{len(items)} images given; this model takes at most {max_images}")
+    images = []
+    for i, item in enumerate(items):
+        where = f"image {i + 1} of {len(items)}"
+        if len(item) > limits.max_input_bytes:
+            raise InvalidInput("image", f"{where}: {len(item)} bytes; at most {limits.max_input_bytes} are accepted")
+        try:
+            images.append(decode_image(bytes(item), max_pixels=limits.max_input_pixels))
+        except ImageDecodeError as e:
+            raise InvalidInput("image", f"{where}: {e}") from None
+    return images
+
+
+@dataclass
+class ConditionLimits:
+    max_condition_images: int = 3       # input images one request conditions on (Qwen-Image-Edit-Plus: 3)
+
+
+@dataclass
+class EditModelParams(ServedSizes, ConditionLimits):
     checkpoint: str = ""
     dtype: str = "float32"
+
+
+@dataclass
+class EditDenoiseParams(DenoiseParams, ConditionLimits):
+    pass
 
 
 def host(value) -> np.ndarray:
     """A small step input as a host array (a GPU step may be handed it as a GPU tensor)."""
     return value.cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+def condition_images(req: Request, multiple: int, params: EditModelParams) -> list[np.ndarray]:
+    """A VAE encode step's request: each input image as [H, W, 3] uint8 (host), its size checked: sides
+    that are multiples of `multiple` (what the VAE and the 2x2 patches take), pixels within the largest served."""
+    pixels, sizes = host(req.get("condition_pixels")).reshape(-1), host(req.get("condition_sizes")).reshape(-1, 2)
+    if sizes.shape[0] == 0:
+        raise InvalidInput("condition_sizes", "no images")
+    for h, w in sizes.tolist():
+        if h < multiple or w < multiple or h % multiple or w % multiple or h * w > params.max_pixels:
+            raise InvalidInput("condition_sizes", f"{h}x{w} (height x width): sides must be multiples of {multiple}, "
+                                                  f"at most {params.max_pixels} pixels")
+    ends = np.cumsum([h * w * 3 for h, w in sizes.tolist()])
+    if ends[-1] != pixels.size:
+        raise InvalidInput("condition_pixels", f"{pixels.size} bytes; condition_sizes gives {int(ends[-1])}")
+    return [part.reshape(h, w, 3) for part, (h, w) in zip(np.split(pixels, ends[:-1]), sizes.tolist())]
+
+
+def condition_limits(params: EditModelParams) -> dict:
+    """A VAE encode step's bounds: its most images of the largest size served."""
+    images = params.max_condition_images
+    return {"condition_sizes": (images, None), "condition_pixels": (images * params.max_pixels * 3,)}
 
 
 def latent_stats(vae, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,6 +137,7 @@ def processor_from_parts(folder, processor_class: str = "Qwen2VLProcessor"):
 @dataclass
 class EditTextEncoderParams(EditModelParams):
     drop_tokens: int = 0         # the pipeline's prompt_template_encode_start_idx: the system prompt's tokens
+    max_sequence_length: int = 4096     # prompt embeddings (image tokens included) at most, after drop_tokens
 
 
 class EditTextEncoder(Step):
@@ -95,6 +161,32 @@ class EditTextEncoder(Step):
         self.device = ctx.device
         folder = pipeline_folder(ctx, self.params.checkpoint)
         self.text_encoder = load_component(folder, "text_encoder", self.params.dtype, self.device)
+        config = self.text_encoder.config
+        vision = config.vision_config
+        self.vocab = self.text_encoder.get_input_embeddings().num_embeddings
+        self.image_token = config.image_token_id
+        self.merge = vision.spatial_merge_size ** 2          # patches per image token
+        self.patch_width = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
+        self.max_patches = self.params.max_condition_images * (self.params.max_pixels // vision.patch_size ** 2)
+
+    def input_limits(self) -> dict:
+        rows = (2, self.params.max_sequence_length + self.params.drop_tokens)    # prompt, negative
+        return {"text_ids": rows, "text_mask": rows, "pixel_values": (self.max_patches, None),
+                "image_grid_thw": (self.params.max_condition_images, None)}
+
+    def check(self, ids: np.ndarray, mask: np.ndarray, pixels: np.ndarray, grid: np.ndarray) -> None:
+        """One request's tensors agree with each other and with the model, as the pre step makes them."""
+        check_ids(ids, mask, self.vocab)
+        if grid.shape[0] == 0 or grid.min() < 1:
+            raise InvalidInput("image_grid_thw", f"{grid.tolist()}: expected one positive (t, h, w) per image")
+        patches = int(grid.prod(axis=1).sum())
+        if pixels.shape != (patches, self.patch_width):
+            raise InvalidInput("pixel_values", f"shape {list(pixels.shape)}; image_grid_thw gives "
+                                               f"[{patches}, {self.patch_width}]")
+        tokens = ((ids == self.image_token) & (mask > 0)).sum(axis=1)
+        if patches % self.merge or (tokens != patches // self.merge).any():
+            raise InvalidInput("text_ids", f"{tokens.tolist()} image tokens a row; image_grid_thw needs "
+                                           f"{patches / self.merge:g}")
 
     def hidden_states(self, **inputs) -> torch.Tensor:
         """[rows, tokens, D]: the text embeddings the transformer was trained on (the model's last
@@ -106,11 +198,19 @@ class EditTextEncoder(Step):
         # right-padded to the longest: the encoder is causal, so padding after a row changes nothing in
         # it, and the multimodal RoPE positions are computed from the attention mask.
         rows = []            # (slot, ids of the real tokens, pixel_values, grid)
+        refused: dict[int, BaseException] = {}
         for slot, req in enumerate(requests):
             ids, mask = host(req.get("text_ids")), host(req.get("text_mask"))
             pixels, grid = host(req.get("pixel_values")), host(req.get("image_grid_thw")).reshape(-1, 3)
+            try:
+                self.check(ids, mask, pixels, grid)
+            except InvalidInput as exc:             # this request fails alone
+                refused[slot] = exc
+                continue
             for r in range(ids.shape[0]):
                 rows.append((slot, ids[r][mask[r] > 0], pixels, grid))
+        if not rows:
+            return [refused[slot] for slot in range(len(requests))]
         length = max(len(r[1]) for r in rows)
         ids = np.zeros((len(rows), length), np.int64)
         mask = np.zeros((len(rows), length), np.int64)
@@ -124,13 +224,16 @@ class EditTextEncoder(Step):
                         self.device, self.text_encoder.dtype),
                     image_grid_thw=torch.from_numpy(np.concatenate([r[3] for r in rows])).to(self.device))
         except Exception as exc:  # noqa: BLE001 - the batch fails together
-            return [exc] * len(requests)
+            return [refused.get(slot, exc) for slot in range(len(requests))]
         drop = self.params.drop_tokens
         mine: dict[int, list[torch.Tensor]] = {}
         for i, (slot, real, _, _) in enumerate(rows):
             mine.setdefault(slot, []).append(hidden[i, drop:len(real)].float())
         results = []
         for slot in range(len(requests)):
+            if slot in refused:
+                results.append(refused[slot])
+                continue
             embeds = mine[slot]
             negative = embeds[1] if len(embeds) > 1 else embeds[0].new_zeros((0, embeds[0].shape[-1]))
             results.append({"prompt_embeds": to_output(embeds[0]), "negative_embeds": to_output(negative)})
@@ -164,3 +267,6 @@ class OneFrameVaeDecode(VaeDecodeStep):
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
         self.vae = OneFrame(self.vae)
+
+    def latent_layout(self) -> tuple[int, int]:
+        return self.vae.config.z_dim, self.vae_scale

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from triton_omni.image.request import ServedSizes
 from triton_omni.media.image import FORMATS, encode_image
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
@@ -12,7 +13,7 @@ from triton_omni.runtime.step import Request, Step, register
 
 
 @dataclass
-class ImageEncodeParams:
+class ImageEncodeParams(ServedSizes):
     quality: int = 95                 # JPEG and WebP
     png_compress_level: int = 6       # 0 (fastest) - 9 (smallest); PNG stays lossless either way
 
@@ -26,11 +27,18 @@ class ImageEncode(Step):
     outputs = (TensorSpec("images", "TYPE_STRING", (-1,)),)
     Params = ImageEncodeParams
 
+    def input_limits(self) -> dict:
+        return {"pixels": (self.params.max_images, self.params.max_side, self.params.max_side, None)}
+
     def one(self, req: Request) -> dict:
         fmt = (req.string("output_format", "") or "png").lower()
         if fmt not in FORMATS:
             raise InvalidInput("output_format", f"expected one of {', '.join(FORMATS)}; got {fmt!r}")
         pixels = req.get("pixels")
+        n, h, w, _ = pixels.shape
+        if n < 1 or h < 1 or w < 1 or h * w > self.params.max_pixels:
+            raise InvalidInput("pixels", f"shape {list(pixels.shape)}: expected 1 or more images of 1 to "
+                                         f"{self.params.max_pixels} pixels")
         if hasattr(pixels, "cpu"):          # a torch tensor from a GPU step
             pixels = pixels.cpu().numpy()
         encoded = [encode_image(p, fmt, self.params.quality, self.params.png_compress_level) for p in pixels]

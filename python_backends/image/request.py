@@ -21,17 +21,26 @@ _SIZE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
 
 
 @dataclass
-class ImageLimits:
+class ServedSizes:
+    """The largest request a model serves. Every step of an image model declares these (an ensemble's
+    shared `parameters:` set them for all its steps at once), so a step called directly, not only
+    through the pre step that checks a client's request, refuses more work than that."""
+
+    max_steps: int = 100                  # denoise steps
+    max_images: int = 4                   # output images per request
+    max_side: int = 4096                  # pixels along either side of an output image
+    max_pixels: int = 4 * 1024 * 1024     # pixels of one output image
+
+
+@dataclass
+class ImageLimits(ServedSizes):
     """Defaults and bounds of a model's requests (fields of its first step's Params)."""
 
     default_size: str = "1024x1024"
     default_steps: int = 50
     default_guidance: float = 4.0
-    max_steps: int = 100
-    max_images: int = 4
-    max_side: int = 4096
-    max_pixels: int = 4 * 1024 * 1024
     max_guidance: float = 100.0
+    max_prompt_chars: int = 65536         # a longer prompt is refused before it is tokenized
 
 
 @dataclass
@@ -84,6 +93,9 @@ def parse_request(req: Request, multiple: int, limits: ImageLimits) -> ImageRequ
     if prompt is None or not prompt.strip():
         raise InvalidInput("prompt", "is required and must not be empty")
     negative = req.string("negative_prompt", "") or ""
+    for name, text in (("prompt", prompt), ("negative_prompt", negative)):
+        if len(text) > limits.max_prompt_chars:
+            raise InvalidInput(name, f"{len(text)} characters; at most {limits.max_prompt_chars} are accepted")
     width, height = parse_size(req.string("size", "") or limits.default_size, multiple, limits)
     steps = _int(req, "num_inference_steps", limits.default_steps, 1, limits.max_steps)
     guidance = req.scalar("guidance_scale")

@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 from triton_omni.image.checkpoint import load_component, pipeline_folder
+from triton_omni.image.checks import check_ids
 from triton_omni.image.tensors import group_by, to_output
+from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext
 
@@ -24,6 +26,7 @@ class TextEncoderParams:
     dtype: str = "float32"
     compile: bool = False              # GPU: torch.compile each decoder layer (regional: one compiled layer
                                        #   serves all; a new shape compiles on first use); ignored on CPU
+    max_sequence_length: int = 512     # the pre step's: each row's tokens, padding included, at most
 
 
 def decoder_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, wanted: list[int],
@@ -78,11 +81,16 @@ class TextEncoderStep(Step):
         # The base model of a causal LM: the same hidden states, without the vocabulary projection.
         self.base_model = getattr(self.text_encoder, "model", self.text_encoder)
         self.layers = list(self.base_model.layers)
+        self.vocab = self.base_model.embed_tokens.num_embeddings
         if self.params.compile and torch.device(self.device).type == "cuda":
             # Wrappers, not Module.compile(): the modules (maybe shared with other users) stay as they
             # are. Per layer rather than the whole function: the mask, rotary tables and the choice of
             # states stay eager, so a new prompt length recompiles one small graph (then as dynamic).
             self.layers = [torch.compile(layer) for layer in self.layers]
+
+    def input_limits(self) -> dict:
+        rows = (2, self.params.max_sequence_length)          # prompt, negative
+        return {"text_ids": rows, "text_mask": rows}
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       wanted: list[int]) -> list[torch.Tensor]:
@@ -95,7 +103,14 @@ class TextEncoderStep(Step):
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         results: list[dict | BaseException | None] = [None] * len(requests)
-        items = [(slot, np.asarray(r.get("text_ids")), np.asarray(r.get("text_mask"))) for slot, r in enumerate(requests)]
+        items = []
+        for slot, r in enumerate(requests):
+            ids, mask = np.asarray(r.get("text_ids")), np.asarray(r.get("text_mask"))
+            try:
+                check_ids(ids, mask, self.vocab)
+                items.append((slot, ids, mask))
+            except InvalidInput as exc:          # this request fails alone
+                results[slot] = exc
         for group in group_by(items, lambda it: it[1].shape[1]).values():
             try:
                 with torch.inference_mode():

@@ -12,13 +12,16 @@ from dataclasses import dataclass
 import torch
 
 from triton_omni.image.checkpoint import load_component, pipeline_folder, vae_scale_factor
+from triton_omni.image.checks import check_latents
+from triton_omni.image.request import ServedSizes
 from triton_omni.image.tensors import group_by, to_output, to_torch
+from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext
 
 
 @dataclass
-class VaeDecodeParams:
+class VaeDecodeParams(ServedSizes):
     checkpoint: str = ""
     dtype: str = "float32"
     compile: bool = False              # GPU: torch.compile the VAE decode (`decode`; a new latent shape
@@ -47,6 +50,15 @@ class VaeDecodeStep(Step):
             # On the step's own bound method: the VAE module (maybe shared) is left as it is.
             self.decode = torch.compile(self.decode)
 
+    def latent_layout(self) -> tuple[int, int]:
+        """(channels, pixels a side per latent cell) of the latents this step takes: the VAE's, unless the
+        model's latents are patched (FLUX.2)."""
+        return self.vae.config.latent_channels, self.vae_scale
+
+    def input_limits(self) -> dict:
+        _, scale = self.latent_layout()
+        return {"latents": (self.params.max_images, None, self.params.max_side // scale, self.params.max_side // scale)}
+
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """VAE-space latents -> images in [-1, 1], [B, 3, H, W]."""
         return self.vae.decode(z, return_dict=False)[0]
@@ -56,7 +68,17 @@ class VaeDecodeStep(Step):
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         results: list[dict | BaseException | None] = [None] * len(requests)
-        items = [(slot, r.get("latents")) for slot, r in enumerate(requests)]
+        channels, scale = self.latent_layout()
+        items = []
+        for slot, r in enumerate(requests):
+            latents = r.get("latents")
+            try:
+                if latents.shape[0] < 1:
+                    raise InvalidInput("latents", f"shape {list(latents.shape)}: no images")
+                check_latents("latents", tuple(latents.shape), channels, scale, self.params)
+                items.append((slot, latents))
+            except InvalidInput as exc:          # this request fails alone
+                results[slot] = exc
         for group in group_by(items, lambda it: tuple(it[1].shape[1:])).values():
             try:
                 with torch.inference_mode():

@@ -33,9 +33,10 @@ import numpy as np
 import torch
 
 from triton_omni.image.bagel.model import load_autoencoder, load_generator, release_folder, schedule, unpatchify
-from triton_omni.image.denoise import DenoiseStep, Job
+from triton_omni.image.checks import check_ids, check_settings
+from triton_omni.image.denoise import DenoiseStep, Job, settings_job
 from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
-from triton_omni.image.request import ImageLimits, parse_request, parse_size
+from triton_omni.image.request import ImageLimits, ServedSizes, parse_request, parse_size
 from triton_omni.image.vae import VaeDecodeStep
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
@@ -117,9 +118,10 @@ class BagelPre(Step):
 
 # -- denoise -----------------------------------------------------------------------------------------------
 @dataclass
-class BagelDenoiseParams:
+class BagelDenoiseParams(ServedSizes):
     checkpoint: str = ""
     dtype: str = "float32"
+    max_prompt_tokens: int = 1024          # the pre step's: a prompt's tokens, its two markers included
     timestep_shift: float = 3.0            # the release's text-to-image default
     cfg_interval_start: float = 0.4        # guidance runs while cfg_interval_start < t <= cfg_interval_end
     cfg_interval_end: float = 1.0
@@ -152,20 +154,23 @@ class BagelDenoise(DenoiseStep):
         ids = special_ids(load_tokenizer(folder))
         self.markers = self.model.marker_embeddings(ids[IMAGE_START], ids[IMAGE_END])
         self.vae_scale = VAE_DOWNSAMPLE
+        self.multiple = VAE_DOWNSAMPLE * self.config.patch
+        # No image is larger than the latent position table (as the pre step finds too).
+        self.sizes = dataclasses.replace(self.params, max_side=min(self.params.max_side,
+                                                                   self.config.max_latent_size * self.multiple))
+        self.vocab = self.model.embed_tokens.num_embeddings
         self._schedules = {}
 
+    def input_limits(self) -> dict:
+        return {"text_ids": (1, self.params.max_prompt_tokens), "text_mask": (1, self.params.max_prompt_tokens)}
+
     def job(self, slot: int, req: Request) -> Job:
-        ids = req.get("text_ids")
-        if ids is None or np.asarray(ids).size == 0:
-            raise InvalidInput("text_ids", "no prompt tokens")
-        steps, n = int(req.scalar("num_inference_steps")), int(req.scalar("n"))
-        if steps < 1 or n < 1:
-            raise InvalidInput("num_inference_steps" if steps < 1 else "n", "must be > 0")
-        ids = np.asarray(ids).reshape(-1)[np.asarray(req.get("text_mask")).reshape(-1) > 0]
+        settings = check_settings(req, self.multiple, self.sizes)
+        ids, mask = np.asarray(req.get("text_ids")), np.asarray(req.get("text_mask"))
+        check_ids(ids, mask, self.vocab)
+        ids = ids.reshape(-1)[mask.reshape(-1) > 0]
         # Job.prompt carries the token ids (host), the KV cache is made per group in `run`.
-        return Job(slot=slot, prompt=torch.from_numpy(ids.astype(np.int64)), negative=None,
-                   width=int(req.scalar("width")), height=int(req.scalar("height")), steps=steps,
-                   guidance=float(req.scalar("guidance_scale")), seed=int(req.scalar("seed")), n=n)
+        return settings_job(slot, settings, torch.from_numpy(ids.astype(np.int64)), None)
 
     def latent_shape(self, job: Job) -> tuple[int, ...]:
         # The release draws noise as packed patch tokens: [h * w, p * p * C].
@@ -242,7 +247,7 @@ class BagelDenoise(DenoiseStep):
 
 # -- VAE decode --------------------------------------------------------------------------------------------
 @dataclass
-class BagelVaeParams:
+class BagelVaeParams(ServedSizes):
     checkpoint: str = ""
     dtype: str = "float32"
 

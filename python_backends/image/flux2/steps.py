@@ -22,7 +22,8 @@ from triton_omni.image.denoise import DenoiseStep, Job
 from triton_omni.image.pre import ImagePre
 from triton_omni.image.text_encoder import TextEncoderParams, TextEncoderStep
 from triton_omni.image.vae import VaeDecodeStep
-from triton_omni.runtime.step import StepContext, register
+from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.step import Request, StepContext, register
 
 def _pipeline():
     """diffusers' Flux2KleinPipeline module (imported when a FLUX.2 step runs, not when the converter
@@ -70,6 +71,14 @@ class Flux2KleinDenoise(DenoiseStep):
         s = self.vae_scale * 2
         return self.transformer.config.in_channels, job.height // s, job.width // s
 
+    def job(self, slot: int, req: Request) -> Job:
+        job = super().job(slot, req)
+        # The guided rows run in one call with the prompts: their texts must have the same length.
+        if job.negative is not None and job.negative.shape[0] != job.prompt.shape[0]:
+            raise InvalidInput("negative_embeds", f"{job.negative.shape[0]} tokens; this model needs as many as "
+                                                  f"prompt_embeds has ({job.prompt.shape[0]})")
+        return job
+
     def group_key(self, job: Job):
         return self.latent_shape(job), job.steps, job.prompt.shape[0]   # one set of text position ids
 
@@ -112,6 +121,10 @@ class Flux2KleinDenoise(DenoiseStep):
 
 @register("flux2_klein_vae_decode")
 class Flux2KleinVaeDecode(VaeDecodeStep):
+    def latent_layout(self) -> tuple[int, int]:
+        # The denoiser's latents are 2x2 patches of the VAE's: four times the channels, half the side.
+        return self.vae.config.latent_channels * 4, self.vae_scale * 2
+
     def to_vae_space(self, latents: torch.Tensor) -> torch.Tensor:
         bn = self.vae.bn
         mean = bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)

@@ -33,12 +33,12 @@ import torch
 
 from triton_omni.image.checkpoint import load_component, pipeline_folder, vae_scale_factor
 from triton_omni.image.denoise import DenoiseStep, Job
-from triton_omni.image.edit import (CONDITION_INPUTS, IMAGE_PAD, VISION_TOKENS, EditModelParams, EditTextEncoder,
-                                    EditTextEncoderParams, OneFrameVaeDecode, host, latent_stats)
+from triton_omni.image.edit import (CONDITION_INPUTS, IMAGE_PAD, VISION_TOKENS, EditModelParams,
+                                    EditTextEncoder, EditTextEncoderParams, OneFrameVaeDecode, UploadLimits,
+                                    condition_images, condition_limits, decode_inputs, latent_stats)
 from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
 from triton_omni.image.request import ImageLimits, parse_request
 from triton_omni.image.tensors import group_by, to_output, to_torch
-from triton_omni.media.image import ImageDecodeError, decode_image
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
@@ -76,13 +76,12 @@ def cover_and_crop(image, height: int, width: int):
 
 # -- pre ---------------------------------------------------------------------------------------------
 @dataclass
-class JoyEditPreParams(ImageLimits):
+class JoyEditPreParams(ImageLimits, UploadLimits):
     checkpoint: str = ""
     base_size: int = 1024                # the pipeline's buckets scaled by base_size / 1024 (sides must stay
                                          #   multiples of 16); a smaller base serves smaller images
     drop_tokens: int = 34                # the pipeline's prompt_template_encode_start_idx
     max_sequence_length: int = 4096      # the pipeline's: prompt embeddings (image tokens included) at most
-    max_input_pixels: int = 4096 * 4096  # larger uploads are refused before they are decoded
 
 
 @register("joyai_image_edit_pre")
@@ -114,17 +113,8 @@ class JoyEditPre(Step):
             raise ValueError(f"{ctx.model_name}: base_size {base} makes buckets that are not multiples of {multiple}")
         self.limits = ImageLimits(**{f.name: getattr(self.params, f.name) for f in dataclasses.fields(ImageLimits)})
 
-    def decode(self, req: Request):
-        data = req.get("image")
-        items = [] if data is None else list(np.asarray(data, dtype=object).reshape(-1))
-        if not items:
-            raise InvalidInput("image", "an input image is required")
-        if len(items) > 1:
-            raise InvalidInput("image", f"{len(items)} images given; this model takes at most 1")
-        try:
-            return decode_image(bytes(items[0]), max_pixels=self.params.max_input_pixels)
-        except ImageDecodeError as e:
-            raise InvalidInput("image", f"image 1 of 1: {e}") from None
+    def input_limits(self) -> dict:
+        return {"image": (1,)}
 
     def text_ids(self, texts: list[str], grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pads = IMAGE_PAD * (int(np.prod(grid[0])) // self.image_processor.merge_size ** 2)   # the processor's expansion
@@ -138,7 +128,7 @@ class JoyEditPre(Step):
     def one(self, req: Request) -> dict:
         # Multiple 1: any valid size only picks the bucket's aspect ratio, as the pipeline's height/width do.
         r = parse_request(req, 1, self.limits)
-        image = self.decode(req)
+        [image] = decode_inputs(req, 1, self.params)
         # CFG when guidance > 1; the pipeline's default negative prompt is "".
         texts = [r.prompt] + ([r.negative_prompt] if r.guidance_scale > 1 else [])
         for name, text in zip(("prompt", "negative_prompt"), texts):
@@ -173,15 +163,24 @@ class JoyEditVaeEncode(Step):
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
         self.device = ctx.device
-        self.vae = load_component(pipeline_folder(ctx, self.params.checkpoint), "vae", self.params.dtype, self.device)
+        folder = pipeline_folder(ctx, self.params.checkpoint)
+        self.vae = load_component(folder, "vae", self.params.dtype, self.device)
         self.mean, self.std = latent_stats(self.vae, self.device, torch.float32)
+        self.multiple = vae_scale_factor(folder) * 2          # the buckets' sides
+
+    def input_limits(self) -> dict:
+        return {**condition_limits(self.params), "condition_sizes": (1, None)}     # one input image
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         results: list[dict | BaseException | None] = [None] * len(requests)
         images = []
         for slot, req in enumerate(requests):
-            h, w = host(req.get("condition_sizes")).reshape(-1, 2)[0].tolist()
-            images.append((slot, host(req.get("condition_pixels")).reshape(h, w, 3)))
+            try:
+                [image] = condition_images(req, self.multiple, self.params)
+            except InvalidInput as exc:          # this request fails alone
+                results[slot] = exc
+                continue
+            images.append((slot, image))
         for group in group_by(images, lambda it: it[1].shape).values():
             try:
                 with torch.inference_mode():
@@ -210,10 +209,6 @@ class JoyEditTextEncoder(EditTextEncoder):
     this model's embeddings: the last decoder layer's output before the final norm."""
     Params = JoyEditTextEncoderParams
 
-    def __init__(self, ctx: StepContext):
-        super().__init__(ctx)
-        self.image_token = self.text_encoder.config.image_token_id
-
     def hidden_states(self, **inputs) -> torch.Tensor:
         """The model was trained on the last layer's output before the final norm (newer transformers
         return the normed state as hidden_states[-1], so it is captured directly)."""
@@ -241,14 +236,19 @@ class JoyEditJob(Job):
 class JoyEditDenoise(DenoiseStep):
     inputs = (*DenoiseStep.inputs, TensorSpec("image_latents", "TYPE_FP32", (-1, -1, -1), ragged=True))
 
+    def input_limits(self) -> dict:
+        side = self.params.max_side // self.vae_scale
+        return {**super().input_limits(), "image_latents": (None, side, side)}
+
     def job(self, slot: int, req: Request) -> JoyEditJob:
         base = super().job(slot, req)
         latents = req.get("image_latents")
         if latents is None or latents.shape[0] == 0:
             raise InvalidInput("image_latents", "no image latents")
+        if tuple(latents.shape) != self.latent_shape(base):
+            raise InvalidInput("image_latents", f"shape {list(latents.shape)}; this model and the output size give "
+                                                f"{list(self.latent_shape(base))}")
         image = to_torch(latents, self.device, torch.float32)
-        if tuple(image.shape[1:]) != self.latent_shape(base)[1:]:
-            raise InvalidInput("image_latents", f"shape {tuple(image.shape)} does not match the output size")
         return JoyEditJob(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Job)}, image=image)
 
     def latent_shape(self, job: Job) -> tuple[int, ...]:

@@ -29,12 +29,12 @@ import torch
 
 from triton_omni.image.checkpoint import load_component, model_index, pipeline_folder, vae_scale_factor
 from triton_omni.image.denoise import DenoiseStep, Job
-from triton_omni.image.edit import (CONDITION_INPUTS, IMAGE_PAD, VISION_TOKENS, EditModelParams, EditTextEncoder,
-                                    EditTextEncoderParams, OneFrameVaeDecode, host, latent_stats)
+from triton_omni.image.edit import (CONDITION_INPUTS, IMAGE_PAD, VISION_TOKENS, EditDenoiseParams, EditModelParams,
+                                    EditTextEncoder, EditTextEncoderParams, OneFrameVaeDecode, UploadLimits,
+                                    condition_images, condition_limits, decode_inputs, host, latent_stats)
 from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
 from triton_omni.image.request import ImageLimits, parse_request, parse_size
 from triton_omni.image.tensors import group_by, to_output, to_torch
-from triton_omni.media.image import ImageDecodeError, decode_image
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
@@ -73,12 +73,11 @@ def unpack(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
 
 # -- pre ---------------------------------------------------------------------------------------------
 @dataclass
-class QwenEditPreParams(ImageLimits):
+class QwenEditPreParams(ImageLimits, UploadLimits):
     checkpoint: str = ""
     image_area: int = 1024 * 1024       # the pipelines': input images are resized to about this many pixels
     vl_image_area: int = 384 * 384      # Plus: the text encoder's copy of each image (Edit uses the one above)
     max_input_images: int = 0           # 0: the model's (Edit 1; Plus 3, as its model card advises)
-    max_input_pixels: int = 4096 * 4096  # larger uploads are refused before they are decoded
     max_prompt_tokens: int = 1024       # the pipelines' tokenizer_max_length
 
 
@@ -110,20 +109,8 @@ class QwenEditPre(Step):
         self.multiple = vae_scale_factor(folder) * 2            # VAE factor x the 2x2 latent patches
         self.limits = ImageLimits(**{f.name: getattr(self.params, f.name) for f in dataclasses.fields(ImageLimits)})
 
-    def decode(self, req: Request) -> list:
-        data = req.get("image")
-        items = [] if data is None else list(np.asarray(data, dtype=object).reshape(-1))
-        if not items:
-            raise InvalidInput("image", "at least one input image is required")
-        if len(items) > self.max_images:
-            raise InvalidInput("image", f"{len(items)} images given; this model takes at most {self.max_images}")
-        images = []
-        for i, item in enumerate(items):
-            try:
-                images.append(decode_image(bytes(item), max_pixels=self.params.max_input_pixels))
-            except ImageDecodeError as e:
-                raise InvalidInput("image", f"image {i + 1} of {len(items)}: {e}") from None
-        return images
+    def input_limits(self) -> dict:
+        return {"image": (self.max_images,)}
 
     def resized(self, image, area: int):
         width, height = calculate_dimensions(area, image.width / image.height)
@@ -152,7 +139,7 @@ class QwenEditPre(Step):
 
     def one(self, req: Request) -> dict:
         r = parse_request(req, self.multiple, self.limits)
-        images = self.decode(req)
+        images = decode_inputs(req, self.max_images, self.params)
         # CFG when guidance > 1 (the pipeline's true_cfg_scale). The pipeline also wants a negative
         # prompt; without one the model card's " " stands in, so guidance always means CFG here.
         texts = [r.prompt] + ([r.negative_prompt or " "] if r.guidance_scale > 1 else [])
@@ -195,15 +182,21 @@ class QwenEditVaeEncode(Step):
         self.mean, self.std = latent_stats(self.vae, self.device, self.vae.dtype)
         self.multiple = vae_scale_factor(folder) * 2
 
+    def input_limits(self) -> dict:
+        return condition_limits(self.params)
+
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         results: list[dict | BaseException | None] = [None] * len(requests)
         images = []          # (slot, index in its request, [H, W, 3] uint8 on the host)
+        counts: dict[int, int] = {}
         for slot, req in enumerate(requests):
-            pixels, sizes = host(req.get("condition_pixels")).reshape(-1), host(req.get("condition_sizes"))
-            at = 0
-            for i, (h, w) in enumerate(sizes.tolist()):
-                images.append((slot, i, pixels[at:at + h * w * 3].reshape(h, w, 3)))
-                at += h * w * 3
+            try:
+                mine = condition_images(req, self.multiple, self.params)
+            except InvalidInput as exc:          # this request fails alone
+                results[slot] = exc
+                continue
+            counts[slot] = len(mine)
+            images += [(slot, i, image) for i, image in enumerate(mine)]
         encoded: dict[tuple[int, int], torch.Tensor] = {}
         failed: dict[int, BaseException] = {}
         for group in group_by(images, lambda it: it[2].shape).values():
@@ -219,14 +212,14 @@ class QwenEditVaeEncode(Step):
             except Exception as exc:  # noqa: BLE001 - this size fails, the others go on
                 for slot, _, _ in group:
                     failed[slot] = exc
-        for slot, req in enumerate(requests):
+        for slot, count in counts.items():
             if slot in failed:
                 results[slot] = failed[slot]
                 continue
-            sizes = host(req.get("condition_sizes")).reshape(-1, 2)
+            sizes = host(requests[slot].get("condition_sizes")).reshape(-1, 2)
             m = self.multiple
             results[slot] = {
-                "image_latents": to_output(torch.cat([encoded[(slot, i)] for i in range(len(sizes))])),
+                "image_latents": to_output(torch.cat([encoded[(slot, i)] for i in range(count)])),
                 "image_shapes": np.array([[1, h // m, w // m] for h, w in sizes.tolist()], np.int32)}
         return results
 
@@ -255,6 +248,12 @@ class QwenEditDenoise(DenoiseStep):
     inputs = (*DenoiseStep.inputs,
               TensorSpec("image_latents", "TYPE_FP32", (-1, -1), ragged=True),
               TensorSpec("image_shapes", "TYPE_INT32", (-1, 3), ragged=True))
+    Params = EditDenoiseParams
+
+    def input_limits(self) -> dict:
+        images = self.params.max_condition_images
+        return {**super().input_limits(), "image_shapes": (images, None),
+                "image_latents": (images * self.params.max_pixels // self.multiple ** 2, None)}
 
     def job(self, slot: int, req: Request) -> EditJob:
         base = super().job(slot, req)
@@ -262,6 +261,12 @@ class QwenEditDenoise(DenoiseStep):
         if latents is None or latents.shape[0] == 0:
             raise InvalidInput("image_latents", "no image latents")
         shapes = tuple(tuple(s) for s in host(req.get("image_shapes")).reshape(-1, 3).tolist())
+        if not shapes or any(t != 1 or h < 1 or w < 1 for t, h, w in shapes):
+            raise InvalidInput("image_shapes", f"{list(shapes)}: expected one (1, h, w) token grid per input image")
+        tokens = sum(h * w for _, h, w in shapes)
+        if tuple(latents.shape) != (tokens, self.transformer.config.in_channels):
+            raise InvalidInput("image_latents", f"shape {list(latents.shape)}; image_shapes and this model give "
+                                                f"[{tokens}, {self.transformer.config.in_channels}]")
         return EditJob(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Job)},
                        image=to_torch(latents, self.device, torch.float32), image_shapes=shapes)
 
