@@ -47,6 +47,7 @@ checkpoint, give `instructions` (how to speak). Not here: VoiceDesign checkpoint
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -274,7 +275,10 @@ class Qwen3TTSTalker(TalkerFrames):
     def submit(self, request: Request, sink: ResponseSink) -> None:
         if self.handle_abort(request, sink):
             return
-        super().submit(request, FrameChunkSink(sink, self.plan, self.model.num_codes, request.get("ref_codes")))
+        ref = request.get("ref_codes")
+        if ref is not None:                     # the sink takes the reference's frames before the talker checks them
+            whole("ref_codes", math.prod(ref.shape), self.model.num_codes)
+        super().submit(request, FrameChunkSink(sink, self.plan, self.model.num_codes, ref))
 
 
 # --- codec ------------------------------------------------------------------------------------------
