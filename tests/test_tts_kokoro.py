@@ -330,7 +330,7 @@ def test_synth_batches_requests_and_segments(pre, synth):
     assert len(alone[1]) == len(alone[0]) + len(alone[2])
     bad = dict(reqs[0], style=np.zeros((3, 256), np.float32))        # 3 styles for 1 segment
     together = synth.execute([Request(r) for r in reqs[:2]] + [Request(bad), Request(reqs[2])])
-    assert isinstance(together[2], ValueError) and "inconsistent segments" in str(together[2])
+    assert isinstance(together[2], InvalidInput) and str(together[2]) == "field 'style': 3 styles for 1 segments"
     assert all(np.array_equal(r["waveform"], a) for r, a in zip([together[0], together[1], together[3]], alone))
 
 

@@ -184,7 +184,7 @@ def test_codec_refuses_short_context_for_that_request_only(codec):
                    "num_context": np.asarray([0], np.int32), "completion_tokens": np.asarray([100], np.int32),
                    "finish_reason": string_array(""), "speech": Speech(1, "pcm", True).tensor()})
     out = codec.execute([bad, good])
-    assert isinstance(out[0], RuntimeError) and "context" in str(out[0])
+    assert isinstance(out[0], InvalidInput) and out[0].field == "num_context" and "context" in str(out[0])
     assert len(out[1]["waveform"]) == 12 * 2048
 
 

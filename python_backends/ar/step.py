@@ -161,6 +161,9 @@ class ARDecode(Step):
         self.delivery = threading.Thread(target=self._deliver_loop, name="ar-delivery", daemon=True)
         self.delivery.start()
 
+    def input_limits(self) -> dict:
+        return {"input_ids": (self.params.max_model_len,)}      # a longer prompt can never fit the context
+
     def make_engine(self, folder) -> LLMEngine:
         """The engine (a subclass may decode another kind of model: see tts/frame_talker.py)."""
         engine, tokenizer = build_engine(folder, self.params, self.ctx.device)

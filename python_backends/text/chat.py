@@ -28,7 +28,12 @@ ROLES = {"system", "user", "assistant", "tool", "developer"}
 class ChatPreParams:
     checkpoint: str = ""
     max_model_len: int = 2048
+    # bytes of `messages`, `text_input` or `chat_template_kwargs` at most: refused before the tokenizer
+    # spends seconds on a prompt that cannot fit the context anyway
     max_messages_bytes: int = 1 << 20
+
+
+PROMPT_INPUTS = ("text_input", "messages", "chat_template_kwargs")
 
 
 def _message_text(i: int, content: Any) -> str:
@@ -83,6 +88,12 @@ class ChatPreprocess(Step):
 
     def prompt_text(self, req: Request) -> str:
         """The text to tokenize: `text_input` as given, or `messages` through the chat template."""
+        most = self.params.max_messages_bytes
+        for name in PROMPT_INPUTS:
+            value = req.get(name)
+            size = len(value.reshape(-1)[0]) if value is not None and value.size else 0
+            if size > most:
+                raise InvalidInput(name, f"{size} bytes; at most {most} are accepted")
         text = req.string("text_input")
         messages = req.json("messages")
         if (text is None) == (messages is None):
@@ -138,6 +149,7 @@ class ChatPreprocess(Step):
 @dataclass
 class DetokenizeParams:
     checkpoint: str = ""
+    max_model_len: int = 2048          # the AR step's context: no response carries more tokens
 
 
 @register("detokenize")
@@ -172,7 +184,16 @@ class Detokenize(Step):
             new = new if cut < 0 else new[:cut]
         return new
 
+    def input_limits(self) -> dict:
+        return {"token_ids": (self.params.max_model_len,)}
+
     def one(self, req: Request) -> dict:
-        text = self.text(req.get("token_ids").tolist(), int(req.scalar("num_context")), req.string("stop_text"))
+        ids = req.get("token_ids")
+        if ids.size and int(ids.min()) < 0:           # the tokenizer takes unsigned ids (an id past its vocabulary is skipped)
+            raise InvalidInput("token_ids", f"token ids must be >= 0, got {int(ids.min())}")
+        num_context = int(req.scalar("num_context"))
+        if not 0 <= num_context <= ids.size:
+            raise InvalidInput("num_context", f"must be in [0, {ids.size}] (the tokens sent), got {num_context}")
+        text = self.text(ids.tolist(), num_context, req.string("stop_text"))
         return {"text_output": string_array(text), "finish_reason": req.get("finish_reason"),
                 "prompt_tokens": req.get("prompt_tokens"), "completion_tokens": req.get("completion_tokens")}

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
-from triton_omni.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, Speech, as_numpy
+from triton_omni.tts.checks import MAX_AUDIO_SECONDS, int_scalar, max_samples, waveform
+from triton_omni.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, Speech
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ class ChunkedCodec(Step):
     decodes 1 row instead of 16 (on an H200 the 16-row padding made the codec, not the talker, the
     bottleneck of a Qwen3-TTS server), and a window's samples may differ in their last bits (~1e-3
     on a GPU with TF32 convolutions) with the number of requests sharing the call.
-    A subclass sets `sample_rate` and `frame_samples` and implements `windows` and `decode_rows`."""
+    A subclass sets `sample_rate`, `frame_samples` and `plan`, and implements `windows` (most through
+    `plan_windows`) and `decode_rows`."""
     outputs = AUDIO_CHUNK_OUTPUTS
     sample_rate: int
     frame_samples: int
@@ -120,6 +123,28 @@ class ChunkedCodec(Step):
     def windows(self, index: int, req: Request) -> list[Window]:
         """The windows one talker response asks for."""
         raise NotImplementedError
+
+    def plan_windows(self, index: int, req: Request, data: np.ndarray, per_frame: int, most: int,
+                     seed: int = 0) -> list[Window]:
+        """The windows of a talker response whose `data` (tokens or frames, `per_frame` a frame) are the
+        stream's last entries: `num_context` of them sent before, `completion_tokens` (at most `most`) in
+        all so far. The counts are checked against `data`: any client may call the codec."""
+        n_ctx = int_scalar(req, "num_context", 0, len(data))
+        total = int_scalar(req, "completion_tokens", len(data), most)
+        if (req.string("finish_reason") or "") == "cancelled":     # nobody is listening
+            return []
+        before, first = total - (len(data) - n_ctx), total - len(data)     # first: stream index of data[0]
+        final = bool(req.string("finish_reason"))
+        out = []
+        for order, chunk in enumerate(self.plan.chunks(before // per_frame, total // per_frame, final)):
+            start, end = self.plan.window(chunk, total // per_frame)
+            if start * per_frame < first:
+                raise InvalidInput("num_context", f"the response starts at entry {first}, the decode window of "
+                                                  f"its chunk at {start * per_frame}: too little left context "
+                                                  "(talker and codec disagree on the chunk plan?)")
+            out.append(Window(index, order, data[start * per_frame - first:end * per_frame - first], start,
+                              (chunk[0] - start, chunk[1] - start), seed))
+        return out
 
     def decode_rows(self, rows: list[Window]):
         """`decode_batch` same-length windows -> their waveforms, [rows, samples] (numpy, float32)."""
@@ -164,6 +189,7 @@ class ChunkedCodec(Step):
 class SpeechChunksParams:
     first_chunk_ms: int = 200           # small, so that a player starts at once
     chunk_ms: int = 1000
+    max_seconds: float = MAX_AUDIO_SECONDS     # the longest waveform taken (at its sample rate)
 
 
 @register("speech_chunks")
@@ -184,6 +210,9 @@ class SpeechChunks(Step):
         if self.params.first_chunk_ms < 1 or self.params.chunk_ms < 1:
             raise ValueError("first_chunk_ms and chunk_ms must be >= 1")
 
+    def input_limits(self) -> dict:
+        return {"waveform": (max_samples(self.params.max_seconds),)}
+
     def cuts(self, samples: int, rate: int) -> list[int]:
         """Chunk ends: the first after first_chunk_ms, then every chunk_ms, the last at the end."""
         first, size = rate * self.params.first_chunk_ms // 1000, rate * self.params.chunk_ms // 1000
@@ -191,7 +220,7 @@ class SpeechChunks(Step):
 
     def submit(self, request: Request, sink: ResponseSink) -> None:
         """All of it at once: the audio is there already (no cancellation to watch for)."""
-        wave, rate = as_numpy(request.get("waveform")), int(request.scalar("sample_rate"))
+        wave, rate = waveform(request, self.params.max_seconds)
         speech = request.get("speech")
         ends = self.cuts(len(wave), rate) if Speech.from_request(request).stream else [len(wave)]
         start = 0

@@ -6,12 +6,20 @@ instance keeps a stream's chunks in order (as the chat detokenizer).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from triton_omni.media import audio
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, register
+from triton_omni.tts.checks import MAX_AUDIO_SECONDS, max_samples, waveform
 from triton_omni.tts.request import SPEECH, Speech
+
+
+@dataclass
+class SpeechPostParams:
+    max_seconds: float = MAX_AUDIO_SECONDS     # the longest waveform taken (at its sample rate)
 
 
 @register("speech_post")
@@ -27,10 +35,14 @@ class SpeechPost(Step):
         TensorSpec("sample_rate", "TYPE_INT32", (1,)),
         TensorSpec("finish_reason", "TYPE_STRING", (1,)),
     )
+    Params = SpeechPostParams
+
+    def input_limits(self) -> dict:
+        return {"waveform": (max_samples(self.params.max_seconds),)}
 
     def one(self, req: Request) -> dict:
         speech = Speech.from_request(req)
-        wave, rate = req.get("waveform"), int(req.scalar("sample_rate"))
+        wave, rate = waveform(req, self.params.max_seconds)
         if speech.stream:
             data = audio.pcm_bytes(wave)
         else:

@@ -8,6 +8,7 @@ each response (Triton ensembles pair tensors by response), so the talker passes 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -53,8 +54,44 @@ class Speech:
 
     @classmethod
     def from_request(cls, req: Request) -> "Speech":
+        """The `speech` tensor a pre step wrote, checked (any step can be called directly)."""
         raw = req.json("speech", {})
-        return cls(**raw)
+        if not isinstance(raw, dict) or not set(raw) <= {"seed", "response_format", "stream"}:
+            raise InvalidInput("speech", "expected a JSON object of seed, response_format and stream")
+        seed = check_seed("speech.seed", raw.get("seed"))
+        fmt, stream = raw.get("response_format", DEFAULT_FORMAT), raw.get("stream", False)
+        if fmt not in RESPONSE_FORMATS:
+            raise InvalidInput("speech.response_format", f"expected one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}")
+        if not isinstance(stream, bool):
+            raise InvalidInput("speech.stream", f"expected true or false, got {stream!r}")
+        return cls(seed, fmt, stream)
+
+
+def speech_tensor(req: Request) -> np.ndarray:
+    """A talker's `speech` input, checked, to pass along to its codec (seed 0 when absent: a talker
+    called on its own)."""
+    if req.get("speech") is None:
+        return Speech(seed=0).tensor()
+    Speech.from_request(req)
+    return req.get("speech").reshape(1)
+
+
+def check_seed(name: str, seed) -> int:
+    """A seed as the samplers and torch generators take it: an integer of 64 bits (signed)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 63:
+        raise InvalidInput(name, f"expected an integer of 64 bits (signed), got {seed!r}")
+    return seed
+
+
+def request_seed(raw: dict) -> int:
+    """`sampling_parameters.seed` of a model that samples with torch generators: in [0, 2^63), drawn
+    here when absent (so a seeded request gets the same audio streamed or not)."""
+    seed = raw.get("seed")
+    if seed is None:
+        return random.randrange(2 ** 31)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise InvalidInput("sampling_parameters.seed", f"expected an integer in [0, 2^63), got {seed!r}")
+    return seed
 
 
 @dataclass

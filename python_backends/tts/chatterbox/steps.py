@@ -19,7 +19,6 @@ as one PCM chunk.
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -30,13 +29,16 @@ from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
 from triton_omni.tts.chatterbox.s3gen import CFM_STEPS, MELS, SAMPLE_RATE, S3Gen
-from triton_omni.tts.chatterbox.t3 import T3, Sampling, T3Job, TextTokenizer, Voice, generate_tokens, load_voice
-from triton_omni.tts.chatterbox.voice import VoiceCloner
-from triton_omni.tts.request import AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, as_numpy, parse_reference, \
-    parse_speech, reference_transcript
+from triton_omni.tts.chatterbox.t3 import (SPEECH_VOCAB, T3, T3_SIZES, Sampling, T3Job, TextTokenizer, Voice,
+                                           generate_tokens, load_voice)
+from triton_omni.tts.chatterbox.voice import S3GEN_CLIP_SECONDS, VoiceCloner
+from triton_omni.tts.checks import finite, ids_in_range, whole
+from triton_omni.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS, Speech, as_numpy, parse_reference,
+                                     parse_speech, reference_transcript, request_seed)
 
 DEFAULT_VOICE = "default"
 # sampling_parameters keys read (generate()'s arguments; max_tokens as for the other talkers) and their ranges
+REF_TOKENS = S3GEN_CLIP_SECONDS * 25       # S3 tokens (25 a second) of S3Gen's reference clip at most
 SAMPLING_RANGES = {"temperature": (0.0, 5.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
                    "repetition_penalty": (0.1, 5.0), "cfg_weight": (0.0, 5.0), "exaggeration": (0.0, 5.0)}
 
@@ -56,6 +58,28 @@ T3_VOICE = (TensorSpec("speaker_emb", "TYPE_FP32", (-1,), ragged=True),
 S3GEN_VOICE = (TensorSpec("ref_tokens", "TYPE_INT32", (-1,), ragged=True),
                TensorSpec("ref_mel", "TYPE_FP32", (-1,), ragged=True),
                TensorSpec("ref_embedding", "TYPE_FP32", (-1,), ragged=True))
+
+
+def sampling_settings(raw, name: str, max_tokens: int, extra: tuple[str, ...] = ()) -> dict:
+    """generate()'s settings (SAMPLING_RANGES, defaults filled in) and max_tokens from the JSON object `raw`
+    of input `name`, checked; `extra`: other keys the caller reads."""
+    if not isinstance(raw, dict):
+        raise InvalidInput(name, "expected a JSON object")
+    allowed = (*extra, "max_tokens", *SAMPLING_RANGES)
+    for key in raw:
+        if key not in allowed:
+            raise InvalidInput(f"{name}.{key}", f"does not apply to Chatterbox; read: {', '.join(allowed)}")
+    out = asdict(Sampling())
+    for key, (low, high) in SAMPLING_RANGES.items():
+        value = raw.get(key, out[key])
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise InvalidInput(f"{name}.{key}", f"expected a number in [{low}, {high}], got {value!r}")
+        out[key] = float(value)
+    out["max_tokens"] = raw.get("max_tokens", max_tokens)
+    if isinstance(out["max_tokens"], bool) or not isinstance(out["max_tokens"], int) or \
+            not 1 <= out["max_tokens"] <= max_tokens:
+        raise InvalidInput(f"{name}.max_tokens", f"expected an integer in [1, {max_tokens}], got {out['max_tokens']!r}")
+    return out
 
 
 def voice_tensors(voice: Voice, ref: dict) -> dict[str, np.ndarray]:
@@ -114,31 +138,7 @@ class ChatterboxPre(Step):
 
     def sampling(self, req: Request) -> tuple[int, dict]:
         raw = req.json("sampling_parameters") or {}
-        if not isinstance(raw, dict):
-            raise InvalidInput("sampling_parameters", "expected a JSON object")
-        allowed = ("seed", "max_tokens", *SAMPLING_RANGES)
-        for key in raw:
-            if key not in allowed:
-                raise InvalidInput(f"sampling_parameters.{key}", f"does not apply to Chatterbox; read: "
-                                                                  f"{', '.join(allowed)}")
-        out = asdict(Sampling())
-        for key, (low, high) in SAMPLING_RANGES.items():
-            value = raw.get(key, out[key])
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise InvalidInput(f"sampling_parameters.{key}", f"expected a number in [{low}, {high}], got {value!r}")
-            out[key] = float(value)
-        limit = self.params.max_tokens
-        out["max_tokens"] = raw.get("max_tokens", limit)
-        if isinstance(out["max_tokens"], bool) or not isinstance(out["max_tokens"], int) or \
-                not 1 <= out["max_tokens"] <= limit:
-            raise InvalidInput("sampling_parameters.max_tokens", f"expected an integer in [1, {limit}], got "
-                                                                 f"{out['max_tokens']!r}")
-        seed = raw.get("seed")
-        if seed is None:
-            seed = random.randrange(2 ** 31)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise InvalidInput("sampling_parameters.seed", f"expected an integer >= 0, got {seed!r}")
-        return seed, out
+        return request_seed(raw), sampling_settings(raw, "sampling_parameters", self.params.max_tokens, ("seed",))
 
     def one(self, req: Request) -> dict:
         speech = parse_speech(req, [DEFAULT_VOICE], DEFAULT_VOICE, self.params.max_text_chars)
@@ -154,6 +154,7 @@ class ChatterboxPre(Step):
 class ChatterboxT3Params:
     checkpoint: str = ""
     dtype: str = "float32"
+    max_tokens: int = 1000             # speech tokens per request at most (pre's max_tokens)
 
 
 @register("chatterbox_t3")
@@ -176,13 +177,26 @@ class ChatterboxT3(Step):
         folder = checkpoint_folder(ctx, self.params.checkpoint)
         self.model = T3.load(folder, ctx.device, torch_dtype(self.params.dtype))
 
+    def input_limits(self) -> dict:
+        return {"text_ids": (T3_SIZES["max_text_tokens"] + 2,), "speaker_emb": (T3_SIZES["speaker_embed_size"],),
+                "prompt_tokens": (T3_SIZES["max_speech_tokens"],)}     # T3's position tables
+
     def job(self, req: Request) -> T3Job:
-        ids = as_numpy(req.get("text_ids")).astype(np.int64).reshape(-1).tolist()
-        raw = req.json("sampling") or {}
-        max_tokens = int(raw.pop("max_tokens", 1000))
-        voice = Voice(torch.from_numpy(as_numpy(req.get("speaker_emb")).astype(np.float32).reshape(1, -1)),
-                      torch.from_numpy(as_numpy(req.get("prompt_tokens")).astype(np.int64).reshape(1, -1)))
-        return T3Job(ids, Sampling(**raw), Speech.from_request(req).seed, max_tokens, voice)
+        ids, speaker, prompt = (as_numpy(req.get(name)) for name in ("text_ids", "speaker_emb", "prompt_tokens"))
+        ids_in_range("text_ids", ids, T3_SIZES["text_vocab"])
+        if ids.size < 2:
+            raise InvalidInput("text_ids", "expected the start and stop tokens around the text")
+        if speaker.size != T3_SIZES["speaker_embed_size"]:
+            raise InvalidInput("speaker_emb", f"expected {T3_SIZES['speaker_embed_size']} values, got {speaker.size}")
+        finite("speaker_emb", speaker)
+        if not prompt.size:
+            raise InvalidInput("prompt_tokens", "is empty")
+        ids_in_range("prompt_tokens", prompt, T3_SIZES["speech_vocab"])
+        settings = sampling_settings(req.json("sampling") or {}, "sampling", self.params.max_tokens)
+        max_tokens = settings.pop("max_tokens")
+        voice = Voice(torch.from_numpy(speaker.astype(np.float32).reshape(1, -1)),
+                      torch.from_numpy(prompt.astype(np.int64).reshape(1, -1)))
+        return T3Job(ids.astype(np.int64).tolist(), Sampling(**settings), Speech.from_request(req).seed, max_tokens, voice)
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         def run(reqs, jobs):
@@ -197,6 +211,7 @@ class ChatterboxS3GenParams:
     checkpoint: str = ""
     dtype: str = "float32"
     cfm_steps: int = CFM_STEPS         # flow-matching Euler steps (the package's 10)
+    max_tokens: int = 1000             # speech tokens per request at most (pre's max_tokens)
 
 
 @register("chatterbox_s3gen")
@@ -214,13 +229,33 @@ class ChatterboxS3Gen(Step):
         super().__init__(ctx)
         folder = checkpoint_folder(ctx, self.params.checkpoint)
         self.model = S3Gen.load(folder, ctx.device, torch_dtype(self.params.dtype))
+        self.embedding_size = self.model.flow.spk_embed_affine_layer.in_features     # the x-vector's
+
+    def input_limits(self) -> dict:
+        return {"speech_tokens": (self.params.max_tokens,), "ref_tokens": (REF_TOKENS,),
+                "ref_mel": (2 * REF_TOKENS * MELS,), "ref_embedding": (self.embedding_size,)}
+
+    def reference(self, req: Request, tokens: int) -> dict:
+        """S3Gen's reference from the request, checked against each other and the new `tokens`."""
+        ref_tokens, mel, embedding = (as_numpy(req.get(name)) for name in ("ref_tokens", "ref_mel", "ref_embedding"))
+        ids_in_range("ref_tokens", ref_tokens, SPEECH_VOCAB)
+        frames = whole("ref_mel", mel.size, MELS, "mel frames")
+        if frames > 2 * (ref_tokens.size + tokens):           # its frames lead the 2 a token the flow makes
+            raise InvalidInput("ref_mel", f"{frames} frames; the reference's and new tokens make "
+                                          f"{2 * (ref_tokens.size + tokens)}")
+        if embedding.size != self.embedding_size:
+            raise InvalidInput("ref_embedding", f"expected {self.embedding_size} values, got {embedding.size}")
+        finite("ref_mel", mel)
+        finite("ref_embedding", embedding)
+        return {"prompt_token": torch.from_numpy(ref_tokens.astype(np.int64)).reshape(1, -1),
+                "prompt_feat": torch.from_numpy(mel.astype(np.float32)).reshape(1, -1, MELS),
+                "embedding": torch.from_numpy(embedding.astype(np.float32)).reshape(1, -1)}
 
     def one(self, req: Request) -> dict:
-        tokens = torch.from_numpy(as_numpy(req.get("speech_tokens")).astype(np.int64).reshape(-1))
-        tensor = lambda name, dtype: torch.from_numpy(as_numpy(req.get(name)).astype(dtype))  # noqa: E731
-        ref = {"prompt_token": tensor("ref_tokens", np.int64).reshape(1, -1),
-               "prompt_feat": tensor("ref_mel", np.float32).reshape(1, -1, MELS),
-               "embedding": tensor("ref_embedding", np.float32).reshape(1, -1)}
+        tokens = as_numpy(req.get("speech_tokens"))
+        ids_in_range("speech_tokens", tokens, SPEECH_VOCAB)
+        ref = self.reference(req, tokens.size)
+        tokens = torch.from_numpy(tokens.astype(np.int64).reshape(-1))
         if tokens.numel():
             wave = self.model.synthesize(tokens, ref, Speech.from_request(req).seed, self.params.cfm_steps).numpy()
         else:

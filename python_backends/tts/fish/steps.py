@@ -46,11 +46,13 @@ from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.checks import whole
 from triton_omni.tts.chunking import ChunkedCodec, ChunkPlan, Window
 from triton_omni.tts.fish.codec import load_codec, load_codec_encoder
 from triton_omni.tts.fish.model import DEFAULT_SAMPLING, FishConfig, FishPrompt, fish_engine, load_fish, prompt_ids
 from triton_omni.tts.frame_talker import FrameReply, FrameTalker, TalkerFramesParams
-from triton_omni.tts.request import SPEECH, SPEECH_INPUTS, Speech, has_reference, parse_speech, read_reference
+from triton_omni.tts.request import (SPEECH, SPEECH_INPUTS, Speech, has_reference, parse_speech, read_reference,
+                                     speech_tensor)
 
 VOICES = ["default"]            # the model's own voice (no preset speakers in the release)
 MIN_AUDIO_FRAMES = 12           # a prompt must leave room for about half a second of audio
@@ -205,6 +207,9 @@ class FishTalker(FrameTalker):
         p = self.params
         self.plan = ChunkPlan(p.first_chunk_frames, p.chunk_frames, p.context_frames, 0)
 
+    def input_limits(self) -> dict:
+        return {"input_ids": (self.params.max_model_len * self.model.num_codes,)}   # prompt positions of N + 1 ids
+
     def submit(self, request: Request, sink: ResponseSink) -> None:
         if self.handle_abort(request, sink):
             return
@@ -223,10 +228,8 @@ class FishTalker(FrameTalker):
         prompt = FishPrompt(ids, params.temperature, params.top_p, params.top_k)
         params.top_p, params.top_k = 1.0, 0
         streaming = bool(request.scalar("stream", False))
-        speech = request.get("speech")
         sink = FishChunkSink(sink, self.plan, c.num_codebooks, streaming)
-        reply = FrameReply(sink, None, streaming, len(prompt),
-                            speech=speech.reshape(1) if speech is not None else Speech(seed=0).tensor())
+        reply = FrameReply(sink, None, streaming, len(prompt), speech=speech_tensor(request))
         self.start(request, reply, prompt, params)
 
 
@@ -235,6 +238,7 @@ class FishTalker(FrameTalker):
 class FishCodecParams:
     checkpoint: str = ""
     codec_checkpoint: str = ""      # codec.pth ("": the checkpoint folder's)
+    max_model_len: int = 4096       # the talker's context in frames: no reply has more
     dtype: str = "float32"
     first_chunk_frames: int = 4
     chunk_frames: int = 16
@@ -262,25 +266,15 @@ class FishCodecStep(ChunkedCodec):
         self.n = self.codec.num_codebooks
         self.plan = ChunkPlan(p.first_chunk_frames, p.chunk_frames, p.context_frames, 0)
 
+    def input_limits(self) -> dict:
+        return {"codes": (self.params.max_model_len * self.n,)}    # a non-streamed reply's frames, all at once
+
     def windows(self, index: int, req: Request) -> list[Window]:
         codes = req.get("codes")
         codes = codes.cpu().numpy() if hasattr(codes, "cpu") else np.asarray(codes)
-        codes = codes.reshape(-1, self.n)
-        n_ctx, total = int(req.scalar("num_context")), int(req.scalar("completion_tokens"))
-        reason = req.string("finish_reason") or ""
-        if reason == "cancelled":
-            return []
-        before = total - (codes.shape[0] - n_ctx)
-        first = before - n_ctx                          # frame index of codes[0]
-        out = []
-        for order, chunk in enumerate(self.plan.chunks(before, total, final=bool(reason))):
-            start, end = self.plan.window(chunk, total)
-            if start < first:
-                raise RuntimeError(f"the talker sent context from frame {first}, the window needs {start}: "
-                                   "talker and codec disagree on the chunk plan")
-            out.append(Window(index, order, codes[start - first:end - first], start,
-                              (chunk[0] - start, chunk[1] - start)))
-        return out
+        # out-of-range codes are clamped by the codec, as the release does: no range to check
+        codes = codes.reshape(whole("codes", codes.size, self.n), self.n)
+        return self.plan_windows(index, req, codes, 1, self.params.max_model_len)
 
     def decode_rows(self, rows: list[Window]) -> np.ndarray:
         codes = torch.from_numpy(np.stack([w.data for w in rows]).astype(np.int64)).transpose(1, 2)

@@ -12,7 +12,6 @@ else is in the server.
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,9 +21,11 @@ from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
-from triton_omni.tts.kokoro.model import SAMPLE_RATE, Kokoro, load_voice, voice_style
+from triton_omni.tts.checks import finite, float_scalar, ids_in_range
+from triton_omni.tts.kokoro.model import MAX_PHONEMES, SAMPLE_RATE, Kokoro, load_voice, voice_style
 from triton_omni.tts.kokoro.text import Phonemizer, check_phonemes, segments
-from triton_omni.tts.request import SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, as_numpy, parse_speech, reject_reference
+from triton_omni.tts.request import (SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, as_numpy, parse_speech, reject_reference,
+                                     request_seed)
 
 PHONEMES = TensorSpec("phonemes", "TYPE_STRING", (1,), optional=True)
 
@@ -80,12 +81,7 @@ class KokoroPre(Step):
             if key != "seed":
                 raise InvalidInput(f"sampling_parameters.{key}", "does not apply to Kokoro (it does not sample); "
                                                                   "only seed is read")
-        seed = raw.get("seed")
-        if seed is None:
-            return random.randrange(2 ** 31)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise InvalidInput("sampling_parameters.seed", f"expected an integer >= 0, got {seed!r}")
-        return seed
+        return request_seed(raw)
 
     def one(self, req: Request) -> dict:
         phonemes = (req.string("phonemes") or "").strip()
@@ -109,6 +105,8 @@ class KokoroPre(Step):
 class KokoroSynthParams:
     checkpoint: str = ""
     dtype: str = "float32"
+    # phoneme ids of one request at most, boundaries included: pre's 4096 characters make ~4.5k
+    max_phonemes: int = 16384
 
 
 @register("kokoro_synth")
@@ -131,18 +129,35 @@ class KokoroSynth(Step):
         super().__init__(ctx)
         self.model = Kokoro.load(ctx.checkpoint(self.params.checkpoint), ctx.device, torch_dtype(self.params.dtype))
 
+    def input_limits(self) -> dict:
+        most = self.params.max_phonemes
+        return {"phoneme_ids": (most,), "segments": (most // 3,), "style": (most // 3, None)}   # 3+ ids a segment
+
+    def check(self, ids: np.ndarray, lengths: np.ndarray, style: np.ndarray) -> None:
+        """The segments pre made: each one's ids within boundary 0s and PL-BERT's positions, a style each."""
+        if not lengths.size:
+            raise InvalidInput("segments", "is empty")
+        if int(lengths.min()) < 3 or int(lengths.max()) > MAX_PHONEMES + 2:
+            raise InvalidInput("segments", f"each segment has 3 to {MAX_PHONEMES + 2} ids (its phonemes and 2 "
+                                           f"boundary 0s); got lengths from {int(lengths.min())} to {int(lengths.max())}")
+        if int(lengths.sum()) != ids.size:
+            raise InvalidInput("segments", f"the lengths add up to {int(lengths.sum())}, phoneme_ids has {ids.size}")
+        if style.shape[0] != lengths.size:
+            raise InvalidInput("style", f"{style.shape[0]} styles for {lengths.size} segments")
+        ids_in_range("phoneme_ids", ids, self.model.config["n_token"])
+        finite("style", style)
+
     def one(self, req: Request) -> dict:
         """A request's segments through the model together (see `Kokoro.synthesize`), its noise from
         its own generator. Requests are not padded into one forward: a row batched with others rounds
         differently, and the vocoder turns that into different samples (model.py), so a seeded
         request would sound different depending on its neighbours. Triton still queues them together."""
-        ids, lengths = as_numpy(req.get("phoneme_ids")), as_numpy(req.get("segments")).tolist()
-        style = torch.as_tensor(as_numpy(req.get("style")))
-        if sum(lengths) != len(ids) or tuple(style.shape) != (len(lengths), 256) or min(lengths, default=0) < 3:
-            raise ValueError(f"inconsistent segments: lengths {lengths} for {len(ids)} ids, styles {list(style.shape)}")
+        ids, lengths, style = (as_numpy(req.get(name)) for name in ("phoneme_ids", "segments", "style"))
+        self.check(ids, lengths, style)
+        lengths, style = lengths.tolist(), torch.as_tensor(style)
         # on the model's device: the source's noise is drawn there (see model.SineSource)
         gen = torch.Generator(self.model.device).manual_seed(Speech.from_request(req).seed)
-        speed = float(req.scalar("speed", 1.0))
+        speed = float_scalar(req, "speed", *SPEED_RANGE, default=1.0)
         bounds = np.cumsum([0, *lengths])
         rows = [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
         waves = self.model.synthesize(rows, style, torch.tensor([speed] * len(rows)), [gen] * len(rows))

@@ -28,7 +28,7 @@ is used), texts longer than one pass (the release generates those in chunks).
 from __future__ import annotations
 
 import json
-import random
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,13 +39,19 @@ from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
 from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.checks import float_scalar, ids_in_range, int_scalar, whole
 from triton_omni.tts.omnivoice.codec import Codec, CodecEncoder, codec_sizes, finish, prepare_reference
 from triton_omni.tts.omnivoice.model import (Job, OmniVoiceModel, Settings, estimate_frames, generate, prompt_ids,
                                              punctuate, voice_design)
 from triton_omni.tts.request import (SPEECH, SPEECH_INPUTS, SPEED_RANGE, Speech, as_numpy, has_reference,
-                                     parse_speech, read_reference)
+                                     parse_speech, read_reference, request_seed)
 
 AUTO = "auto"
+
+
+def codec_frame_rate(folder) -> int:
+    """Frames a second of the checkpoint's audio tokenizer (its config alone)."""
+    return codec_sizes(json.loads((folder / "audio_tokenizer" / "config.json").read_text())).frame_rate
 
 
 @dataclass
@@ -75,7 +81,7 @@ class OmniVoicePre(Step):
         super().__init__(ctx)
         folder = ctx.checkpoint(self.params.checkpoint)
         self.tokenizer = load_tokenizer(folder)
-        self.frame_rate = codec_sizes(json.loads((folder / "audio_tokenizer" / "config.json").read_text())).frame_rate
+        self.frame_rate = codec_frame_rate(folder)
         self.encoder = CodecEncoder.load(folder / "audio_tokenizer")     # float32 on the CPU, once per clone
         self.max_frames = int(self.params.max_seconds * self.frame_rate)
         if self.params.default_voice.lower() != AUTO:
@@ -89,11 +95,7 @@ class OmniVoicePre(Step):
             if key not in ("seed", "temperature"):
                 raise InvalidInput(f"sampling_parameters.{key}", "does not apply to OmniVoice; seed and temperature "
                                                                   "are read")
-        seed, temperature = raw.get("seed"), raw.get("temperature", 0.0)
-        if seed is None:
-            seed = random.randrange(2 ** 31)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise InvalidInput("sampling_parameters.seed", f"expected an integer >= 0, got {seed!r}")
+        seed, temperature = request_seed(raw), raw.get("temperature", 0.0)
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 10:
             raise InvalidInput("sampling_parameters.temperature", f"expected a number in [0, 10], got {temperature!r}")
         return seed, float(temperature)
@@ -142,6 +144,10 @@ class OmniVoicePre(Step):
 class OmniVoiceGenerateParams:
     checkpoint: str = ""
     dtype: str = "float32"
+    max_seconds: float = 30.0          # the longest speech generated (pre's max_seconds)
+    max_reference_seconds: float = 20.0   # the longest reference clip (pre's)
+    # prompt ids at most: a voice design's, the text's and a clone's transcript's (pre's max_text_chars each)
+    max_prompt_tokens: int = 16384
     num_step: int = 32                 # the release's decoding defaults (OmniVoiceGenerationConfig)
     guidance_scale: float = 2.0
     t_shift: float = 0.1
@@ -170,18 +176,28 @@ class OmniVoiceGenerate(Step):
         self.model = OmniVoiceModel.load(ctx.checkpoint(p.checkpoint), ctx.device, torch_dtype(p.dtype))
         self.settings = Settings(p.num_step, p.guidance_scale, p.t_shift, p.layer_penalty_factor,
                                  p.position_temperature)
+        rate = codec_frame_rate(ctx.checkpoint(p.checkpoint))
+        self.max_frames = int(p.max_seconds * rate)
+        self.max_reference_frames = math.ceil(p.max_reference_seconds * rate) + 1   # the encoder rounds up
+
+    def input_limits(self) -> dict:
+        # the attention mask of a request is [length, length]: every bound keeps it small
+        return {"prompt_ids": (self.params.max_prompt_tokens,),
+                "reference_codes": (self.max_reference_frames * self.model.codebooks,)}
 
     def job(self, req: Request) -> Job:
-        ids = torch.from_numpy(as_numpy(req.get("prompt_ids")).astype(np.int64))
-        frames = int(req.scalar("frames"))
-        if ids.numel() == 0 or frames < 1:
-            raise ValueError(f"inconsistent request: {ids.numel()} prompt ids, {frames} frames")
-        ref = torch.from_numpy(as_numpy(req.get("reference_codes")).astype(np.int64))
-        if ref.numel() % self.model.codebooks:
-            raise ValueError(f"{ref.numel()} reference codes are not whole frames of {self.model.codebooks}")
+        ids, ref = as_numpy(req.get("prompt_ids")), as_numpy(req.get("reference_codes"))
+        if not ids.size:
+            raise InvalidInput("prompt_ids", "is empty")
+        ids_in_range("prompt_ids", ids, self.model.llm.embed_tokens.num_embeddings)
+        frames = int_scalar(req, "frames", 1, self.max_frames)
+        whole("reference_codes", ref.size, self.model.codebooks)
+        ids_in_range("reference_codes", ref, self.model.vocab)
+        temperature = float_scalar(req, "temperature", 0.0, 10.0)
+        ids, ref = torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(ref.astype(np.int64))
         # text ids repeated over the codebook rows, then the reference's frames (audio positions)
         prompt = torch.cat([ids.repeat(self.model.codebooks, 1), ref.view(self.model.codebooks, -1)], dim=1)
-        return Job(prompt, ids.numel(), frames, Speech.from_request(req).seed, float(req.scalar("temperature")))
+        return Job(prompt, ids.numel(), frames, Speech.from_request(req).seed, temperature)
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         def run(reqs, jobs):
@@ -194,6 +210,7 @@ class OmniVoiceGenerate(Step):
 class OmniVoiceCodecParams:
     checkpoint: str = ""
     remove_silence: bool = True        # the release's postprocess_output: silences over 0.5 s shortened
+    max_seconds: float = 30.0          # the longest speech decoded (pre's max_seconds)
 
 
 @register("omnivoice_codec")
@@ -212,14 +229,20 @@ class OmniVoiceCodec(Step):
         folder = ctx.checkpoint(self.params.checkpoint)
         self.codebooks = json.loads((folder / "config.json").read_text())["num_audio_codebook"]
         self.codec = Codec.load(folder / "audio_tokenizer", ctx.device)     # float32: a small decoder
+        self.codebook_size = self.codec.quantizer.quantizers[0].codebook.embed.shape[0]
+
+    def input_limits(self) -> dict:
+        return {"codes": (self.codebooks * int(self.params.max_seconds * self.codec.sizes.frame_rate),)}
 
     def one(self, req: Request) -> dict:
-        codes = torch.from_numpy(as_numpy(req.get("codes")).astype(np.int64))
-        if codes.numel() == 0 or codes.numel() % self.codebooks:
-            raise ValueError(f"{codes.numel()} codes are not whole frames of {self.codebooks}")
+        codes = as_numpy(req.get("codes"))
+        if not whole("codes", codes.size, self.codebooks):
+            raise InvalidInput("codes", "is empty")
+        ids_in_range("codes", codes, self.codebook_size)
+        rms = float_scalar(req, "reference_rms", -1.0, math.inf)     # a clone takes its reference's loudness
+        codes = torch.from_numpy(codes.astype(np.int64))
         wave = self.codec.decode(codes.view(1, self.codebooks, -1).to(self.codec.fc2.weight.device))[0]
         rate = self.codec.sample_rate
-        rms = float(req.scalar("reference_rms"))          # a clone takes its reference's loudness
         wave = finish(wave.float().cpu().numpy(), rate, rms if rms >= 0 else None, self.params.remove_silence)
         return {"waveform": wave, "sample_rate": np.asarray([rate], np.int32),
                 "speech": req.get("speech")}

@@ -27,6 +27,7 @@ from triton_omni.tts.request import SPEECH, Speech
 class OrpheusCodecParams:
     checkpoint: str = ""            # the talker's folder: its tokenizer places the audio tokens
     codec_checkpoint: str = ""      # the SNAC folder (config.json + pytorch_model.bin)
+    max_model_len: int = 2048       # the talker's context: no reply has more tokens
     dtype: str = "float32"
     first_chunk_frames: int = 2
     chunk_frames: int = 8
@@ -54,24 +55,14 @@ class OrpheusCodec(ChunkedCodec):
         left, right = self.snac.context_frames()
         self.plan = ChunkPlan(p.first_chunk_frames, p.chunk_frames, left, right)
 
+    def input_limits(self) -> dict:
+        return {"token_ids": (self.params.max_model_len,)}     # a non-streamed reply's tokens, all at once
+
     def windows(self, index: int, req: Request) -> list[Window]:
         ids = req.get("token_ids")
         ids = ids.cpu().numpy() if hasattr(ids, "cpu") else ids     # a GPU step may be handed torch tensors
-        n_ctx, total = int(req.scalar("num_context")), int(req.scalar("completion_tokens"))
-        reason = req.string("finish_reason") or ""
-        before = total - (ids.shape[0] - n_ctx)
-        first = before - n_ctx                          # stream index of ids[0]
-        if reason == "cancelled":                       # nobody is listening
-            return []
-        out = []
-        for order, chunk in enumerate(self.plan.chunks(before // TPF, total // TPF, final=bool(reason))):
-            start, end = self.plan.window(chunk, total // TPF)
-            if start * TPF < first:
-                raise RuntimeError(f"the talker sent context from token {first}, the window needs {start * TPF}: "
-                                   "talker and codec disagree on the chunk plan or the codec")
-            out.append(Window(index, order, ids[start * TPF - first:end * TPF - first], start,
-                              (chunk[0] - start, chunk[1] - start), Speech.from_request(req).seed))
-        return out
+        # a token outside the audio range decodes as code 0 (tokens.frames_to_codes): no range to check
+        return self.plan_windows(index, req, ids, TPF, self.params.max_model_len, Speech.from_request(req).seed)
 
     def decode_rows(self, rows: list[Window]) -> np.ndarray:
         codes = [c.to(self.ctx.device) for c in frames_to_codes(np.stack([w.data for w in rows]),

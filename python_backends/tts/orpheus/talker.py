@@ -24,7 +24,7 @@ from triton_omni.runtime.step import Request, ResponseSink, StepContext, registe
 from triton_omni.tts.chunking import ChunkPlan
 from triton_omni.tts.orpheus.snac import SNACDecoder, read_config
 from triton_omni.tts.orpheus.tokens import TOKENS_PER_FRAME
-from triton_omni.tts.request import SPEECH, Speech
+from triton_omni.tts.request import SPEECH, speech_tensor
 
 
 @dataclass
@@ -95,7 +95,5 @@ class TalkerDecode(ARDecode):
                                self.params.chunk_frames)
 
     def wrap_sink(self, request: Request, sink: ResponseSink) -> ResponseSink:
-        speech = request.get("speech")
-        speech = speech.reshape(1) if speech is not None else Speech(seed=0).tensor()
-        return ChunkedSink(sink, self.plan, speech, bool(request.scalar("stream", False)))
+        return ChunkedSink(sink, self.plan, speech_tensor(request), bool(request.scalar("stream", False)))
 

@@ -47,6 +47,7 @@ checkpoint, give `instructions` (how to speak). Not here: VoiceDesign checkpoint
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
 from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.tts.checks import int_scalar, whole
 from triton_omni.tts.chunking import ChunkPlan, bit_stable_on_cpu
 from triton_omni.tts.frame_talker import TalkerFramesParams
 from triton_omni.tts.qwen3_tts.codec import load_codec
@@ -73,6 +75,7 @@ from triton_omni.tts.request import (AUDIO_CHUNK_OUTPUTS, SPEECH, SPEECH_INPUTS,
 MIN_AUDIO_FRAMES = 12           # a prompt must leave room for about a second of audio
 ROLE_TOKENS, CLOSING_TOKENS = 3, 5
 MIN_REFERENCE_SECONDS = 0.5     # a voice clone's reference clip: shorter says little about the voice
+MAX_STREAM_ID = 128             # the talker's are 32 hex digits
 
 
 def speech_folder(ctx: StepContext, codec_checkpoint: str, checkpoint: str):
@@ -272,7 +275,10 @@ class Qwen3TTSTalker(TalkerFrames):
     def submit(self, request: Request, sink: ResponseSink) -> None:
         if self.handle_abort(request, sink):
             return
-        super().submit(request, FrameChunkSink(sink, self.plan, self.model.num_codes, request.get("ref_codes")))
+        ref = request.get("ref_codes")
+        if ref is not None:                     # the sink takes the reference's frames before the talker checks them
+            whole("ref_codes", math.prod(ref.shape), self.model.num_codes)
+        super().submit(request, FrameChunkSink(sink, self.plan, self.model.num_codes, ref))
 
 
 # --- codec ------------------------------------------------------------------------------------------
@@ -280,6 +286,7 @@ class Qwen3TTSTalker(TalkerFrames):
 class Qwen3TTSCodecParams:
     checkpoint: str = ""
     codec_checkpoint: str = ""      # the speech tokenizer folder ("": the checkpoint's speech_tokenizer/)
+    max_model_len: int = 4096       # the talker's context in frames (a clone's reference included): no stream is longer
     dtype: str = "float32"
     first_chunk_frames: int = 3
     chunk_frames: int = 12
@@ -340,6 +347,9 @@ class Qwen3TTSCodecStep(Step):
         self.free = list(range(p.max_streams - 1, -1, -1))
         self.streams: dict[str, _Stream] = {}
 
+    def input_limits(self) -> dict:
+        return {"codes": (self.params.max_model_len * self.n,)}     # a non-streamed reply's frames, all at once
+
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         now = time.monotonic()
         self.drop_idle(now)
@@ -396,21 +406,24 @@ class Qwen3TTSCodecStep(Step):
     def chunks(self, index: int, req: Request) -> list[_Chunk]:
         """A response's chunks, in order: a clone's reference frames (first response only), then the
         plan's chunks of its new frames."""
-        stream, first = req.string("stream_id") or "", int(req.scalar("first_frame"))
-        if not stream:
-            raise InvalidInput("stream_id", "is empty")
+        most = self.params.max_model_len
+        stream, first = req.string("stream_id") or "", int_scalar(req, "first_frame", -most, most)
+        if not stream or len(stream) > MAX_STREAM_ID:
+            raise InvalidInput("stream_id", f"expected 1 to {MAX_STREAM_ID} characters, got {len(stream)}")
         reason = req.string("finish_reason") or ""
         if reason == "cancelled":
             return []
         codes = req.get("codes")
         codes = codes.cpu().numpy() if hasattr(codes, "cpu") else np.asarray(codes)
-        codes = codes.reshape(-1, self.n)
+        codes = codes.reshape(whole("codes", codes.size, self.n), self.n)
         start, end = max(first, 0), first + len(codes)         # the new frames (after a clone's reference)
+        if end > most:
+            raise InvalidInput("first_frame", f"the frames [{first}, {end}) pass the context's {most}")
         spans = self.plan.chunks(start, end, final=bool(reason)) if end > start else []
         covered = (spans[0][0], spans[-1][1]) if spans else (start, start)
         if covered != (start, end):
-            raise RuntimeError(f"stream {stream}: frames [{start}, {end}) are not whole chunks of the codec's "
-                               "plan: talker and codec disagree on first_chunk_frames / chunk_frames")
+            raise InvalidInput("codes", f"stream {stream}: frames [{start}, {end}) are not whole chunks of the "
+                                        "codec's plan (talker and codec disagree on first_chunk_frames / chunk_frames?)")
         out = [_Chunk(index, stream, first, codes[:start - first], keep=False)] if spans and first < 0 else []
         return out + [_Chunk(index, stream, a, codes[a - first:b - first], keep=True) for a, b in spans]
 

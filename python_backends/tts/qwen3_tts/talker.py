@@ -10,9 +10,10 @@ from triton_omni.ar.sampling import FIELD, SamplingParams
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, ResponseSink, register
+from triton_omni.tts.checks import finite, ids_in_range, whole
 from triton_omni.tts.frame_talker import FrameReply, FrameTalker
 from triton_omni.tts.qwen3_tts.model import load_qwen3_tts, talker_engine
-from triton_omni.tts.request import Speech
+from triton_omni.tts.request import speech_tensor
 
 # the reference's generate() defaults, for code 0 and the code predictor alike
 REFERENCE_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0}
@@ -36,6 +37,11 @@ class TalkerFrames(FrameTalker):
     )
     load_model = staticmethod(load_qwen3_tts)
     model_engine = staticmethod(talker_engine)
+
+    def input_limits(self) -> dict:
+        most, n = self.params.max_model_len, self.model.num_codes     # every id and frame takes a position
+        return {"input_ids": (most,), "instruct_ids": (most,), "ref_ids": (most,), "ref_codes": (most * n,),
+                "speaker_embed": (self.model.talker.codec_head.weight.shape[1],)}
 
     # -- Triton's thread ----------------------------------------------------------------------
     def submit(self, request: Request, sink: ResponseSink) -> None:
@@ -62,9 +68,8 @@ class TalkerFrames(FrameTalker):
         except ValueError as exc:           # an unknown language or speaker (the message names it)
             raise InvalidInput("language" if str(exc).startswith("language") else "speaker", str(exc)) from None
         prompt.repetition_penalty = float(penalty)
-        speech = request.get("speech")
         reply = FrameReply(sink, None, bool(request.scalar("stream", False)), len(prompt),
-                            speech=speech.reshape(1) if speech is not None else Speech(seed=0).tensor())
+                            speech=speech_tensor(request))
         self.start(request, reply, prompt, params)
 
     def _clone(self, request: Request) -> dict:
@@ -77,12 +82,12 @@ class TalkerFrames(FrameTalker):
         if x.numel():
             if x.numel() != w.shape[1]:
                 raise InvalidInput("speaker_embed", f"expected {w.shape[1]} values, got {x.numel()}")
+            finite("speaker_embed", x)
             out["speaker_embed"] = x.to(w.device, w.dtype)
         if codes.numel():
+            whole("ref_codes", codes.numel(), model.num_codes)
+            ids_in_range("ref_codes", codes, model.codebook_size)
             codes = codes.to(w.device)
-            if codes.numel() % model.num_codes or ((codes < 0) | (codes >= model.codebook_size)).any():
-                raise InvalidInput("ref_codes", f"expected frames of {model.num_codes} codes in "
-                                                f"[0, {model.codebook_size})")
             ref_ids = self._ids(request, "ref_ids")
             if ref_ids is None or len(ref_ids) < 6:
                 raise InvalidInput("ref_ids", "expected the tokens of reference_text(transcript): 3 role tokens, "
@@ -94,7 +99,5 @@ class TalkerFrames(FrameTalker):
         ids = request.get(name)
         if ids is None:
             return None
-        vocab = self.model.config.talker.text_vocab_size
-        if ids.ndim != 1 or ((ids < 0) | (ids >= vocab)).any():
-            raise InvalidInput(name, f"expected a 1-D list of token ids in [0, {vocab})")
+        ids_in_range(name, ids, self.model.config.talker.text_vocab_size)
         return ids.tolist()
