@@ -2,8 +2,9 @@
 
 omniasr_ctc  hf-audio/omniasr-ctc-*'s layout: `OmniASRForCTC.save_pretrained` (config.json with model_type
              omniasr_ctc and its audio_config, model.safetensors), the 300M layout's 7-layer conv feature
-             extractor at tiny widths, and a `ParakeetTokenizer` (tokenizer.json: SentencePiece-style
-             pieces, id 0 the CTC blank, which the tokenizer calls its pad token) trained on the corpus.
+             extractor at tiny widths, and the `OmniASRCTCProcessor` (preprocessor_config.json for the
+             feature extractor; a `ParakeetTokenizer`, tokenizer.json: SentencePiece-style pieces, id 0 the
+             CTC blank, which the tokenizer calls its pad token, trained on the corpus).
 """
 from __future__ import annotations
 
@@ -29,16 +30,16 @@ def ctc_tokenizer(out: Path):
     bpe.train_from_iterator((CORPUS + ASR_CORPUS) * 4, trainer)
     tokenizer = ParakeetTokenizer(tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
                                   unk_token="<unk>")
-    tokenizer.save_pretrained(str(out))
     return tokenizer
 
 
 def omniasr_ctc(out: Path) -> None:
-    from transformers import OmniASRCTCConfig, OmniASRForCTC
+    from transformers import OmniASRCTCConfig, OmniASRCTCProcessor, OmniASRFeatureExtractor, OmniASRForCTC
 
     from triton_omni.converters.tiny_common import randomize, seeded
 
     tokenizer = ctc_tokenizer(out)
+    OmniASRCTCProcessor(feature_extractor=OmniASRFeatureExtractor(), tokenizer=tokenizer).save_pretrained(str(out))
     audio = dict(hidden_size=32, conv_dim=(16,) * 7, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
                  num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
     config = OmniASRCTCConfig(vocab_size=len(tokenizer), audio_config=audio, blank_token_id=0, pad_token_id=1)

@@ -3,8 +3,9 @@ together covering the speech once.
 
 Two ways, chosen per served model (the pre step's `segmentation` parameter):
 - `vad`: Silero VAD finds the speech (asr/vad.py); the speech regions are packed, in order, into
-  segments of at most `max_segment_s` (a pause inside a segment stays in it, as context); a region
-  longer than that is cut into overlapping windows. Audio without speech has no segment (an empty
+  segments of at most `max_segment_s` (a pause of at most `max_gap_s` inside a segment stays in it,
+  as context; a longer silence ends the segment, so silence costs no encoder time); a region longer
+  than `max_segment_s` is cut into overlapping windows. Audio without speech has no segment (an empty
   transcript). A clip of at most `max_segment_s` with speech in it stays whole: the model sees what it
   would see without segmentation.
 - `window`: fixed windows of `max_segment_s` overlapping by `overlap_s`, over the whole clip.
@@ -39,6 +40,7 @@ class SegmentSettings:
     max_segment_s: float = 30.0
     overlap_s: float = 2.0
     min_segment_s: float = 0.1       # pieces shorter than this are left out (or joined to a neighbour)
+    max_gap_s: float = 1.0           # a longer silence between speech regions starts a new segment
 
 
 def windows(start: int, end: int, s: SegmentSettings) -> list[Segment]:
@@ -59,14 +61,14 @@ def windows(start: int, end: int, s: SegmentSettings) -> list[Segment]:
 
 
 def pack_regions(regions: list[tuple[int, int]], samples: int, s: SegmentSettings) -> list[Segment]:
-    """Speech regions -> segments of at most max_segment_s, in order; each answers for the audio up to
-    the middle of the silence before the next one."""
-    size, least = int(s.max_segment_s * RATE), int(s.min_segment_s * RATE)
+    """Speech regions -> segments of at most max_segment_s (regions at most max_gap_s apart share one), in
+    order; each answers for the audio up to the middle of the silence before the next one."""
+    size, least, gap = int(s.max_segment_s * RATE), int(s.min_segment_s * RATE), int(s.max_gap_s * RATE)
     spans: list[list[int]] = []
     for a, b in regions:
         if b - a < least:
             continue
-        if spans and b - spans[-1][0] <= size:
+        if spans and b - spans[-1][0] <= size and a - spans[-1][1] <= gap:
             spans[-1][1] = b
         else:
             spans.append([a, b])

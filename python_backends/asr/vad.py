@@ -14,6 +14,7 @@ probabilities against the package's model).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,11 +92,24 @@ class SileroVAD(nn.Module):
             rows[i, :part.shape[0]] = part
         h = c = feats.new_zeros(len(starts), 128)
         hidden = []
-        for t in range(steps):
-            h, c = self.lstm_cell(rows[:, t], (h, c))
-            hidden.append(h)
+        with one_thread():
+            for t in range(steps):
+                h, c = self.lstm_cell(rows[:, t], (h, c))
+                hidden.append(h)
         out = torch.sigmoid(self.final_conv(F.relu(torch.stack(hidden, 2))))[:, 0]      # [parts, steps]
         return torch.cat([out[i, w:w + min(s + PART_WINDOWS, n) - s] for i, (s, w) in enumerate(zip(starts, lead))])
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Torch on one thread meanwhile: a step of the LSTM is microseconds of work, which a second thread
+    only slows (on a busy 2-core machine a step took 100 ms on two threads, 0.25 ms on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)
