@@ -70,3 +70,15 @@ def test_broken_header_rate_and_length_bounds():
     flac = audio.encode(chirp(1.0), RATE, "flac")
     with pytest.raises(ValueError, match="not a readable audio file"):
         audio.decode(flac[:len(flac) // 2], RATE)                          # cut in the middle of a frame
+
+
+def test_plain_wav_is_read_without_ffmpeg_as_ffmpeg_reads_it(monkeypatch):
+    """Mono s16 / float WAVs at the wanted rate skip FFmpeg (a machine without PyAV reads them): the same samples."""
+    source = chirp(0.5)
+    s16 = audio.encode(source, RATE, "wav")
+    f32 = encode_as(source, RATE, "wav", "pcm_f32le")
+    fast = [audio.decode(d, RATE)[0] for d in (s16, f32)]
+    assert audio.plain_wav(s16, RATE) is not None and audio.plain_wav(s16, 22050) is None
+    monkeypatch.setattr(audio, "plain_wav", lambda data, rate: None)
+    for data, got in zip((s16, f32), fast):
+        assert np.array_equal(got, audio.decode(data, RATE)[0])

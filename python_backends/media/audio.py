@@ -103,6 +103,32 @@ def sniff(data: bytes) -> str | None:
     return None
 
 
+def plain_wav(data: bytes, rate: int | None) -> tuple[np.ndarray, int] | None:
+    """(samples, rate) of a mono 16-bit PCM or 32-bit float WAV already at `rate` (None: any), read with
+    numpy: what FFmpeg decodes it to (s16 / 32768), without FFmpeg (so a machine without PyAV reads such
+    WAVs too). None for any other file (FFmpeg reads those)."""
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    at, fmt = 12, None
+    while at + 8 <= len(data):
+        kind, size = data[at:at + 4], int.from_bytes(data[at + 4:at + 8], "little")
+        body = data[at + 8:at + 8 + size]
+        if kind == b"fmt " and len(body) >= 16:
+            tag, channels, own_rate = (int.from_bytes(body[i:j], "little") for i, j in ((0, 2), (2, 4), (4, 8)))
+            fmt = (tag, channels, own_rate, int.from_bytes(body[14:16], "little"))
+        elif kind == b"data":
+            if fmt is None or fmt[1] != 1 or fmt[0:4:3] not in ((1, 16), (3, 32)) or not MIN_RATE <= fmt[2] <= MAX_RATE \
+                    or (rate is not None and fmt[2] != rate):
+                return None
+            width = fmt[3] // 8
+            body = body[:len(body) // width * width]        # a streamed WAV's sizes may overstate it
+            if fmt[0] == 1:
+                return np.frombuffer(body, "<i2").astype(np.float32) / np.float32(32768), fmt[2]
+            return np.frombuffer(body, "<f4").astype(np.float32), fmt[2]
+        at += 8 + size + (size & 1)
+    return None
+
+
 def decode(data: bytes, rate: int | None = None, max_seconds: float = MAX_DECODED_SECONDS) -> tuple[np.ndarray, int]:
     """An audio file (one of CONTAINERS, any sample rate and channel count) -> (mono float32 waveform,
     sample rate). With `rate`, resampled to it by FFmpeg; channels are mixed down by FFmpeg's matrix.
@@ -110,10 +136,15 @@ def decode(data: bytes, rate: int | None = None, max_seconds: float = MAX_DECODE
     ("is empty", "not a readable audio file (...)"), for bytes that are not such a file, a header
     with an impossible rate or channel count, or more than `max_seconds` of audio (decoding stops
     there: a small compressed file cannot make the server decode hours)."""
-    import av
-
     if not data:
         raise ValueError("is empty (0 bytes)")
+    plain = plain_wav(data, rate)
+    if plain is not None:
+        if plain[0].size > max_seconds * plain[1]:
+            raise ValueError(f"is too long: more than {max_seconds:g} s of audio; at most {max_seconds:g} s are accepted")
+        return plain
+    import av
+
     container_format = sniff(data)
     if container_format is None:
         raise ValueError(f"not a readable audio file (unknown format, first bytes {data[:8].hex(' ')}); "

@@ -189,14 +189,18 @@ class EncoderLayer(nn.Module):
         self.feed_forward.output_dense = nn.Linear(c.intermediate_size, c.hidden_size)
         self.final_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, cu: torch.Tensor, frames: list[int], max_frames: int) -> torch.Tensor:
-        h = self.layer_norm(x)
-        qkv = F.linear(h, self.attention.qkv_proj.weight, self.attention.qkv_proj.bias)
-        q, k, v = qkv.view(x.shape[0], 3, self.heads, self.head_dim).unbind(1)
-        a = packed_attention(q, k, v, cu, frames, max_frames, self.head_dim ** -0.5)
-        x = x + self.attention.out_proj(a.reshape(x.shape[0], -1))
+    def qkv(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.layer_norm(x), self.attention.qkv_proj.weight, self.attention.qkv_proj.bias)
+
+    def out_and_ffn(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention.out_proj(a)
         h = F.gelu(self.feed_forward.intermediate_dense(self.final_layer_norm(x)))
         return x + self.feed_forward.output_dense(h)
+
+    def forward(self, x: torch.Tensor, cu: torch.Tensor, frames: list[int], max_frames: int) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(x.shape[0], 3, self.heads, self.head_dim).unbind(1)
+        a = packed_attention(q, k, v, cu, frames, max_frames, self.head_dim ** -0.5)
+        return self.out_and_ffn(x, a.reshape(x.shape[0], -1))
 
 
 class AudioEncoder(nn.Module):
@@ -209,6 +213,13 @@ class AudioEncoder(nn.Module):
         self.encode_positions = PositionalConv(c)
         self.layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.num_hidden_layers))
         self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+
+    def compile_layers(self) -> None:
+        """torch.compile the parts of each layer around attention (norms, projections, GELU: fused), for
+        any number of frames (dynamic shapes); attention itself stays the varlen kernel."""
+        for layer in self.layers:
+            layer.qkv = torch.compile(layer.qkv, dynamic=True)
+            layer.out_and_ffn = torch.compile(layer.out_and_ffn, dynamic=True)
 
     def forward(self, packed: PackedClips) -> torch.Tensor:
         x = self.subsampling(packed.samples, packed.frame_index)

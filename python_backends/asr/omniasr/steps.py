@@ -17,6 +17,7 @@ from triton_omni.asr.packing import clips_of, forward_groups
 from triton_omni.asr.post import FRAME_IDS, FRAME_LOGPROBS, FRAME_STRIDE, SEGMENT_FRAMES
 from triton_omni.asr.pre import SAMPLES, SEGMENT_SPANS
 from triton_omni.asr.request import RATE
+from triton_omni.runtime.device import upload
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
@@ -29,6 +30,7 @@ class OmniASRCTCEncoderParams:
     max_segment_seconds: float = 40.0    # the model's input limit (Omnilingual ASR: 40 s)
     max_batch_frames: int = 16384        # frames of one forward (20 ms each): bounds activation memory
     max_audio_seconds: float = 3600.0    # of one request, as its pre step's (bounds the inputs)
+    compile: bool = False                # torch.compile each layer's projections and feed-forward (GPU)
 
 
 @register("omniasr_ctc_encoder")
@@ -43,6 +45,8 @@ class OmniASRCTCEncoder(Step):
         self.model = OmniASRCTC.load(ctx.checkpoint(self.params.checkpoint), ctx.device, torch_dtype(self.params.dtype))
         self.audio = self.model.config.audio
         self.device = torch.device(ctx.device)
+        if self.params.compile:
+            self.model.encoder.compile_layers()
 
     def input_limits(self) -> dict:
         most = int(self.params.max_audio_seconds * RATE * 2)      # overlapping windows repeat some samples
@@ -74,11 +78,14 @@ class OmniASRCTCEncoder(Step):
                    "frame_stride": stride}
 
     def forward(self, clips: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Clips (16 kHz) -> each frame's best token and its log-probability, on the host."""
-        host = [torch.from_numpy(c) for c in clips]
-        on_device = [t.to(self.device, non_blocking=True) for t in host]
+        """Clips (16 kHz) -> each frame's best token (argmax, as transformers' generate) and its
+        log-probability, on the host. One upload of every clip's samples."""
+        flat = upload(np.concatenate(clips), self.device, torch.float32)
+        on_device = list(flat.split([c.size for c in clips]))
         dtype = next(self.model.parameters()).dtype
         normed = [c.to(dtype) for c in normalize_clips(on_device)]
-        logits = self.model(PackedClips.build(normed, self.audio)).float()
-        lp, ids = torch.log_softmax(logits, dim=-1).max(dim=-1)
+        logits = self.model(PackedClips.build(normed, self.audio))
+        ids = logits.argmax(dim=-1)
+        # the best token's log-softmax alone, in the logits' dtype: no float32 copy of every frame's logits
+        lp = (logits.gather(1, ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)).float()
         return ids.cpu(), lp.cpu()
