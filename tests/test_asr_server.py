@@ -228,3 +228,32 @@ def test_sdk_errors_name_the_field(sdk, speech):
     body = json.loads(sdk.audio.transcriptions.with_raw_response.create(
         model=MODEL, file=("p.wav", speech["short"], "audio/wav"), response_format="json").text)
     assert set(body) == {"text", "usage"} and body["usage"]["type"] == "duration"
+
+
+def test_internal_steps_refuse_bad_tensors_by_name(server, client, speech):
+    """The encoder and the post step called directly (as any step can be) with tensors pre never makes."""
+    from triton_omni.client.triton import responses
+
+    samples = (np.zeros(16000, np.float32), "FP32")
+    spans = lambda rows: (np.asarray(rows, np.int64).reshape(-1, 4), "INT64")     # noqa: E731
+    cases = [
+        (f"{MODEL}_encoder", {"samples": samples, "segment_spans": spans([[0, 8000, 0, 8000]])}, "segment_spans",
+         "add up to 8000"),
+        (f"{MODEL}_encoder", {"samples": samples, "segment_spans": spans([[0, 16000, 0, 16000]] * 40000)},
+         "segment_spans", "at most"),
+        (f"{MODEL}_encoder", {"samples": (np.full(16000, np.nan, np.float32), "FP32"),
+                              "segment_spans": spans([[0, 16000, 0, 16000]])}, "samples", "not finite"),
+        (f"{MODEL}_encoder", {"samples": (np.zeros(100, np.float32), "FP32"),
+                              "segment_spans": spans([[0, 100, 0, 100]])}, "segment_spans", "input limit"),
+        (f"{MODEL}_post", {"frame_ids": (np.full(3, 10**6, np.int32), "INT32"),
+                           "frame_logprobs": (np.zeros(3, np.float32), "FP32"),
+                           "segment_frames": (np.array([3], np.int32), "INT32"),
+                           "frame_stride": (np.array([320], np.int32), "INT32"),
+                           "segment_spans": spans([[0, 960, 0, 960]]),
+                           "transcription": ('{"duration": 0.06}', "BYTES")}, "frame_ids", "token ids must be in"),
+    ]
+    for model, values, field, message in cases:
+        with pytest.raises(InferenceServerException) as e:
+            list(responses(server.grpc_url, model, values, 60))
+        assert f"field '{field}'" in e.value.message() and message in e.value.message(), (model, e.value.message())
+    assert client.transcribe(MODEL, speech["short"]).text is not None         # the steps serve on

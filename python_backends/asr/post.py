@@ -54,7 +54,7 @@ class CTCPost(Step):
 
     def input_limits(self) -> dict:
         frames = int(self.params.max_audio_seconds * 2 * 16000 / 160)    # overlaps counted twice, >= 10 ms frames
-        segments = int(self.params.max_audio_seconds * 20)
+        segments = int(self.params.max_audio_seconds * 10)         # pieces are >= 0.1 s
         return {"frame_ids": (frames,), "frame_logprobs": (frames,), "segment_frames": (segments,),
                 "segment_spans": (segments, None)}
 

@@ -50,7 +50,7 @@ class OmniASRCTCEncoder(Step):
 
     def input_limits(self) -> dict:
         most = int(self.params.max_audio_seconds * RATE * 2)      # overlapping windows repeat some samples
-        return {SAMPLES.name: (most,), SEGMENT_SPANS.name: (int(self.params.max_audio_seconds * 20), None)}
+        return {SAMPLES.name: (most,), SEGMENT_SPANS.name: (int(self.params.max_audio_seconds * 10), None)}
 
     def job(self, req: Request) -> list[np.ndarray]:
         return clips_of(req, self.audio.min_samples(), int(self.params.max_segment_seconds * RATE))
