@@ -22,6 +22,9 @@ pre for each request, the encoder on the c requests together (as Triton's batche
 baseline: OmniASRFeatureExtractor on the c clips (padded batch) + OmniASRForCTC.generate + batch_decode.
 RTFx: c x 30 s / the round's wall time; --repeats rounds per row after a warm-up (c=1, then the largest c).
 
+Variant worth a row: `--set omniasr_ctc.encoder.compile=true` (torch.compile around the conv layers and the
+attention of each layer; compiled on the first batches, so the warm-up rounds pay for it).
+
 A GPU run needs, beyond the image: tritonserver (the server bundle), numpy 1.26, transformers >= 5.24 (the
 OmniASR classes), tritonclient's Python files and python-rapidjson (server mode).
 """

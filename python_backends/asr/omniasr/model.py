@@ -215,8 +215,11 @@ class AudioEncoder(nn.Module):
         self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
     def compile_layers(self) -> None:
-        """torch.compile the parts of each layer around attention (norms, projections, GELU: fused), for
-        any number of frames (dynamic shapes); attention itself stays the varlen kernel."""
+        """torch.compile each conv layer (its transposes, norm and GELU fused around the conv) and the parts
+        of each transformer layer around attention (norms, projections, GELU), for any number of frames
+        (dynamic shapes); attention itself stays the varlen kernel."""
+        for conv in self.subsampling.conv_layers:
+            conv.forward = torch.compile(conv.forward, dynamic=True)
         for layer in self.layers:
             layer.qkv = torch.compile(layer.qkv, dynamic=True)
             layer.out_and_ffn = torch.compile(layer.out_and_ffn, dynamic=True)
