@@ -185,3 +185,29 @@ def test_overlapping_windows_keep_each_token_once(folder):
     assert [w["word"] for w in two.words] == one.text.split() and two.words == one.words
     assert [s["start"] for s in two.segments] == [0.0, two.segments[1]["start"]] and len(two.segments) == 2
     assert two.segments[0]["end"] <= two.segments[1]["start"] and two.segments[0]["avg_logprob"] == -0.5
+
+
+def test_encoder_step_forwards_within_its_frame_budget(folder):
+    """A request set larger than max_batch_frames runs in several forwards: the same outputs as in one."""
+    from pathlib import Path
+
+    from triton_omni.asr.omniasr.steps import OmniASRCTCEncoder, OmniASRCTCEncoderParams
+    from triton_omni.runtime.step import Request, StepContext
+
+    def step(budget):
+        params = OmniASRCTCEncoderParams(checkpoint=str(folder), max_batch_frames=budget)
+        return OmniASRCTCEncoder(StepContext("enc", params, "cpu", Path(".")))
+
+    batch = [c.numpy() for c in clips(3)]
+    spans = segment.as_array([segment.Segment(0, c.size, 0, c.size) for c in batch[:3]])
+    requests = [Request({"samples": np.concatenate(batch[:3]), "segment_spans": spans}),
+                Request({"samples": batch[3], "segment_spans": segment.as_array([segment.Segment(0, batch[3].size, 0, batch[3].size)])})]
+    small, large = step(60), step(100000)
+    calls = []
+    small.forward = lambda cs, f=small.forward: calls.append(len(cs)) or f(cs)
+    got, want = small.execute(requests), large.execute(requests)
+    assert len(calls) >= 3 and sum(calls) == 4
+    for g, w in zip(got, want):
+        assert g["segment_frames"].tolist() == w["segment_frames"].tolist()
+        assert np.array_equal(g["frame_ids"], w["frame_ids"])
+        np.testing.assert_allclose(g["frame_logprobs"], w["frame_logprobs"], atol=1e-5)

@@ -28,6 +28,7 @@ WINDOW = 512                # samples per probability (32 ms)
 CONTEXT = 64                # samples of the previous window each window sees
 PART_WINDOWS = 1875         # windows per part run side by side (60 s)
 WARMUP_WINDOWS = 64         # windows a part runs before its first reported one (2 s)
+FEATURE_WINDOWS = 8 * PART_WINDOWS     # windows whose convolutions run together (8 minutes)
 
 
 def weights_file() -> Path:
@@ -80,8 +81,9 @@ class SileroVAD(nn.Module):
         if n == 0:
             return wave.new_zeros(0)
         padded = F.pad(wave.float(), (CONTEXT, n * WINDOW - wave.numel()))
-        windows = padded.unfold(0, CONTEXT + WINDOW, WINDOW)                 # [n, 576]
-        feats = self.features(windows)
+        windows = padded.unfold(0, CONTEXT + WINDOW, WINDOW)                 # [n, 576], a view
+        # the convolutions a few minutes at a time: an hour's spectra at once would be half a gigabyte
+        feats = torch.cat([self.features(windows[i:i + FEATURE_WINDOWS]) for i in range(0, n, FEATURE_WINDOWS)])
         # parts of PART_WINDOWS windows, each preceded by up to WARMUP_WINDOWS of the part before it
         starts = list(range(0, n, PART_WINDOWS))
         lead = [min(WARMUP_WINDOWS, s) for s in starts]
