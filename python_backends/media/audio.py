@@ -73,7 +73,8 @@ def encode(wave: np.ndarray, rate: int, fmt: str) -> bytes:
 # probe, so bytes that are no audio file get a clear error and no other demuxer (a playlist that
 # names other files, an image sequence) ever reads them.
 CONTAINERS = {"wav": "WAV", "flac": "FLAC", "mp3": "MP3", "ogg": "Ogg (Opus, Vorbis, FLAC)", "mov": "M4A / MP4 (AAC, ALAC)",
-              "matroska": "WebM / Matroska", "aac": "AAC (ADTS)", "aiff": "AIFF", "caf": "CAF"}
+              "matroska": "WebM / Matroska", "aac": "AAC (ADTS)", "aiff": "AIFF", "caf": "CAF", "amr": "AMR",
+              "asf": "WMA / ASF"}
 MIN_RATE, MAX_RATE = 1000, 768000  # sample rates a file's header may state
 MAX_CHANNELS = 64
 
@@ -95,6 +96,10 @@ def sniff(data: bytes) -> str | None:
         return "aiff"
     if head[:4] == b"caff":
         return "caf"
+    if head[:5] == b"#!AMR":
+        return "amr"
+    if head[:8] == bytes.fromhex("3026b2758e66cf11"):
+        return "asf"
     if head[:3] == b"ID3":
         return "mp3"
     if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:
