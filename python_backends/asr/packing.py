@@ -11,10 +11,15 @@ from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.step import Request
 
 
+def host(value) -> np.ndarray:
+    """An input as numpy (a GPU step may be handed a torch tensor on the device)."""
+    return value.cpu().numpy() if hasattr(value, "cpu") else np.asarray(value)
+
+
 def clips_of(req: Request, min_samples: int, max_samples: int) -> list[np.ndarray]:
     """A request's clips from `samples` [S] and `segment_spans` [N, 4] (start, length, keep_from, keep_to)."""
-    samples = np.asarray(req.get("samples"), dtype=np.float32).reshape(-1)
-    spans = np.asarray(req.get("segment_spans")).reshape(-1, 4)
+    samples = host(req.get("samples")).astype(np.float32, copy=False).reshape(-1)
+    spans = host(req.get("segment_spans")).reshape(-1, 4)
     lengths = spans[:, 1].astype(np.int64)
     if int(lengths.sum()) != samples.size:
         raise InvalidInput("segment_spans", f"the segment lengths add up to {int(lengths.sum())}; samples has {samples.size}")
