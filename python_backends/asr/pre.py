@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from triton_omni.asr.request import INPUTS, RATE, TRANSCRIPTION, Abilities, parse_options, read_audio
-from triton_omni.asr.segment import SegmentSettings, as_array, plan
+from triton_omni.asr.request import INPUTS, RATE, TRANSCRIPTION, Abilities, Options, parse_options, read_audio
+from triton_omni.asr.segment import Segment, SegmentSettings, as_array, plan
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
 
@@ -54,10 +54,14 @@ class ASRPre(Step):
 
             self.vad, self.vad_settings = SileroVAD.load(), VADSettings(threshold=p.vad_threshold)
 
-    def one(self, req: Request) -> dict:
+    def prepare(self, req: Request) -> tuple[Options, list[Segment], np.ndarray]:
+        """The request's options, its segments and their samples (one after another)."""
         wave = read_audio(req, self.params.max_audio_seconds, self.params.min_audio_seconds)
         options = parse_options(req, self.abilities, wave.size / RATE)
         segments = plan(wave, self.params.segmentation, self.settings, self.vad, self.vad_settings)
         samples = np.concatenate([wave[g.start:g.end] for g in segments]) if segments else np.zeros(0, np.float32)
-        return {"samples": samples.astype(np.float32, copy=False), "segment_spans": as_array(segments),
-                "transcription": options.tensor()}
+        return options, segments, samples.astype(np.float32, copy=False)
+
+    def one(self, req: Request) -> dict:
+        options, segments, samples = self.prepare(req)
+        return {"samples": samples, "segment_spans": as_array(segments), "transcription": options.tensor()}

@@ -16,6 +16,8 @@ MODELS = {
     "qwen3_5": ("triton_omni.models.qwen3_5", "Qwen3_5ForCausalLM"),
     "qwen3_5_text": ("triton_omni.models.qwen3_5", "Qwen3_5ForCausalLM"),
     "llama": ("triton_omni.models.llama", "LlamaForCausalLM"),
+    # speech recognition: the decoder of an audio-encoder + LLM checkpoint (its encoder runs in asr/)
+    "qwen3_asr": ("triton_omni.models.qwen3", "Qwen3ASRDecoder"),
 }
 
 
