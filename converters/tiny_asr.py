@@ -12,6 +12,11 @@ qwen3_asr    Qwen/Qwen3-ASR-*-hf's layout: `Qwen3ASRForConditionalGeneration.sav
              clips have several), and the `Qwen3ASRProcessor` files (preprocessor_config.json, a
              `Qwen2Tokenizer` with the audio and <asr_text> special tokens, a chat template of the release's
              shape: system context, the audio block, the assistant turn that a language prefills).
+omniasr_llm  hf-audio/omniasr-llm-*'s layout: `OmniASRForConditionalGeneration.save_pretrained` (model_type omniasr:
+             the CTC models' encoder, a linear projector, a Llama text_config; model.audio_tower.*,
+             model.multi_modal_projector.*, model.language_model.*, lm_head), the `OmniASRProcessor` files, a
+             tokenizer with the `<extra_id_1>` audio placeholder and `<|lang:...|>` language tokens, and a chat
+             template that writes the audio placeholder, the language token and the BOS the text follows.
 """
 from __future__ import annotations
 
@@ -121,4 +126,33 @@ def qwen3_asr(out: Path) -> None:
                                                            indent=2) + "\n")
 
 
-BUILDERS = {"omniasr_ctc": omniasr_ctc, "qwen3_asr": qwen3_asr}
+OMNIASR_LLM_TEMPLATE = (
+    "{%- for m in messages %}{%- for c in m['content'] %}"
+    "{%- if c['type'] == 'audio' %}{{ '<extra_id_1>' }}"
+    "{%- elif c['type'] == 'language' %}{{ '<|lang:' + c['language'] + '|>' }}{%- endif %}"
+    "{%- endfor %}{%- endfor %}{%- if add_generation_prompt %}{{ bos_token }}{%- endif %}"
+)
+OMNIASR_LANGUAGES = ["auto", "eng_latn", "fra_latn", "deu_latn", "cmn_hans"]
+
+
+def omniasr_llm(out: Path) -> None:
+    from transformers import OmniASRConfig, OmniASRFeatureExtractor, OmniASRForConditionalGeneration, OmniASRProcessor
+
+    from triton_omni.converters.tiny_common import randomize, seeded
+
+    tokenizer = ctc_tokenizer(out)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<extra_id_1>"] + [f"<|lang:{c}|>" for c in OMNIASR_LANGUAGES]})
+    OmniASRProcessor(feature_extractor=OmniASRFeatureExtractor(), tokenizer=tokenizer, audio_token="<extra_id_1>",
+                     chat_template=OMNIASR_LLM_TEMPLATE).save_pretrained(str(out))
+    token = tokenizer.convert_tokens_to_ids
+    audio = dict(hidden_size=32, conv_dim=(16,) * 7, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
+                 num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-5)
+    config = OmniASRConfig(audio_config=audio, text_config=text, audio_token_id=token("<extra_id_1>"),
+                           bos_token_id=token("<s>"), pad_token_id=token("<pad>"), eos_token_id=token("</s>"))
+    model = randomize(seeded(32, lambda: OmniASRForConditionalGeneration(config)), seed=32, std=0.3).eval()
+    model.save_pretrained(str(out))
+
+
+BUILDERS = {"omniasr_ctc": omniasr_ctc, "qwen3_asr": qwen3_asr, "omniasr_llm": omniasr_llm}

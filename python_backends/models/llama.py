@@ -12,3 +12,11 @@ from triton_omni.models.decoder import CausalLM, DecoderModel, dense_layer
 class LlamaForCausalLM(CausalLM):
     def __init__(self, config):
         super().__init__(config, DecoderModel(config, lambda i, rotary: dense_layer(config, rotary, qk_norm=False)))
+
+
+class OmniASRDecoder(LlamaForCausalLM):
+    """The Llama decoder of an Omnilingual ASR LLM checkpoint (`OmniASRForConditionalGeneration`: the
+    language model under model.language_model.*); its audio encoder is asr/omniasr's."""
+
+    rename = {"model.language_model.": "model."}
+    skip_prefixes = ("model.audio_tower.", "model.multi_modal_projector.")

@@ -18,6 +18,7 @@ MODELS = {
     "llama": ("triton_omni.models.llama", "LlamaForCausalLM"),
     # speech recognition: the decoder of an audio-encoder + LLM checkpoint (its encoder runs in asr/)
     "qwen3_asr": ("triton_omni.models.qwen3", "Qwen3ASRDecoder"),
+    "omniasr": ("triton_omni.models.llama", "OmniASRDecoder"),
 }
 
 
