@@ -224,6 +224,11 @@ def fp8_parts(model: nn.Module, names: Iterable[str]) -> dict[str, set]:
 
 # --- diffusion transformers ---------------------------------------------------------------------------
 
+# names of the per-image modulation projections inside diffusers' blocks: Z-Image's adaLN_modulation,
+# Qwen-Image's img_mod / txt_mod, the AdaLayerNorm* linears (norm1.linear) of the FLUX.1-style blocks
+MODULATION = ("modulation", "_mod.", "norm")
+
+
 def quantize_blocks(model: nn.Module, scheme: str) -> list[str]:
     """A diffusers transformer's repeated blocks (`_repeated_blocks`: what compile_repeated_blocks
     compiles) with their linear layers in FP8, per output channel, the activations quantized a row at a
@@ -236,7 +241,7 @@ def quantize_blocks(model: nn.Module, scheme: str) -> list[str]:
     if not classes:
         raise ValueError(f"parameter 'quantization': {type(model).__name__} declares no repeated blocks")
     return quantize_linears(model, block, lambda name, m: (
-        type(m) is nn.Linear and "modulation" not in name
+        type(m) is nn.Linear and not any(f in name for f in MODULATION)
         and any(type(p).__name__ in classes for p in _parents(model, name))))
 
 
