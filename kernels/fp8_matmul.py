@@ -112,14 +112,16 @@ def skinny_fp8_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_
                            zero_centered: bool, weight: torch.Tensor, scale: torch.Tensor,
                            bias: torch.Tensor | None = None):
     """rms_norm(x [+ residual]) [1, K] @ (weight * scale).T (+ bias) -> (y [1, N], x + residual, or x without one)."""
-    assert norm_weight.shape == (weight.shape[1],) and norm_weight.dtype == x.dtype, (norm_weight.shape, norm_weight.dtype)
+    assert norm_weight.shape == (weight.shape[1],) and norm_weight.dtype == x.dtype, \
+        (norm_weight.shape, norm_weight.dtype)
     return _skinny_fp8(x, weight, scale, bias, norm=(residual, norm_weight.contiguous(), eps, zero_centered))
 
 
 def _skinny_fp8(x, weight, scale, bias, gated=False, norm=None):
     N, K = weight.shape
     assert x.dim() == 2 and x.shape == (1, 2 * K if gated else K), (x.shape, weight.shape, gated)
-    assert x.dtype in FLOATS and weight.dtype == FP8 and scale.dtype == torch.float32, (x.dtype, weight.dtype, scale.dtype)
+    assert x.dtype in FLOATS and weight.dtype == FP8 and scale.dtype == torch.float32, \
+        (x.dtype, weight.dtype, scale.dtype)
     assert weight.stride(-1) == 1 and scale.is_contiguous(), "weights are laid out at load"
     assert not (gated and norm), "one prologue at a time"
     blocks = scale_blocks(weight.shape, scale.shape)

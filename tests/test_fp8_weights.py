@@ -54,8 +54,10 @@ def folder(tiny_checkpoints, tmp_path_factory):
     return dst
 
 
-def engine_of(model) -> LLMEngine:
-    return LLMEngine(model, EngineConfig(max_num_seqs=4, max_model_len=64), "cpu", torch.float32, [],
+def engine_of(model, **config) -> LLMEngine:
+    p = next(model.parameters())
+    dtype = torch.float32 if p.device.type == "cpu" else torch.bfloat16
+    return LLMEngine(model, EngineConfig(**{"max_num_seqs": 4, "max_model_len": 64, **config}), p.device, dtype, [],
                      model.config.vocab_size)
 
 
@@ -82,8 +84,9 @@ def test_fp8_logits_stay_near_full_precision(folder, exact, scheme):
     model = load_causal_lm(folder, "cpu", torch.float32, quantization=scheme)
     layers = [m for m in model.modules() if isinstance(m, quant.Fp8Linear)]
     assert len(layers) == 4 * model.config.num_hidden_layers                 # qkv, o, gate_up, down
+    blocks = lambda m: (-(-m.out_features // 128), -(-m.in_features // 128))      # noqa: E731
     assert all(m.weight.dtype == fp8.FP8 and m.weight_scale_inv.shape == (
-        (m.out_features,) if scheme == "fp8" else (-(-m.out_features // 128), -(-m.in_features // 128))) for m in layers)
+        (m.out_features,) if scheme == "fp8" else blocks(m)) for m in layers)
     prompts, firsts = logits(model)
     assert rel(prompts, exact[0]) < LOGITS_BOUND and rel(firsts, exact[1]) < LOGITS_BOUND
     assert (prompts.argmax(-1) == exact[0].argmax(-1)).float().mean() > 0.8
@@ -124,6 +127,29 @@ def test_fp8_engine_generates(folder):
     ends = torch.tensor([len(p) for p in PROMPTS]).cumsum(0) - 1
     assert [o[0] for o in outs] == prompts[ends].argmax(-1).tolist()        # the prefill's greedy token first
     assert all(len(o) == 6 for o in outs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs, the skinny FP8 kernel and torch._scaled_mm")
+@pytest.mark.parametrize("scheme", ["fp8", "fp8_block"])
+def test_fp8_on_the_gpu_decodes_in_cuda_graphs_as_eagerly(folder, scheme):
+    """bf16 activations: the logits within the bound of bf16 weights' (prefill through torch._scaled_mm,
+    one row through the skinny FP8 kernel); the decode steps replayed from CUDA graphs give the tokens
+    the eager steps give, for one sequence (the skinny kernels) and for eight (torch._scaled_mm; eight
+    fill the graph's bucket, so both run the same matmul shapes)."""
+    from triton_omni.kernels import dispatch
+
+    dispatch.enable(True)
+    bf16 = load_causal_lm(folder, "cuda", torch.bfloat16)
+    model = load_causal_lm(folder, "cuda", torch.bfloat16, quantization=scheme)
+    for got, want in zip(logits(model), logits(bf16)):
+        assert rel(got, want) < LOGITS_BOUND
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = [[3 + i, 40 + 2 * i, 7] for i in range(8)]
+    for batch in (prompts[:1], prompts):
+        eager = engine_of(model, max_num_seqs=8, enforce_eager=True).generate(batch, greedy)
+        graphs = engine_of(model, max_num_seqs=8, cuda_graph_batch_sizes=[1, 8])
+        assert graphs.runner.use_graphs
+        assert graphs.generate(batch, greedy) == eager
 
 
 # --- a checkpoint already in FP8 ------------------------------------------------------------------------

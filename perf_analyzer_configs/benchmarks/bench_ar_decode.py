@@ -556,7 +556,7 @@ def main() -> int:
             else:
                 rows += bench_hf(name, folder, args, device)
             release_memory()
-            write_results(rows, args, args.out, notes=notes, accuracy=accuracy)   # after every part: a timeout keeps what ran
+            write_results(rows, args, args.out, notes=notes, accuracy=accuracy)   # a timeout keeps what ran
     print(args.out.with_suffix(".md").read_text())
     return 0
 

@@ -571,7 +571,7 @@ def main() -> int:
                     for c in [c for c in args.concurrency if c > 1 or not label.endswith("(batched)")]:
                         rows.append(measure(ctx, label, go, warm_c, module, size, c))
                         print(json.dumps(rows[-1]), flush=True)
-                        write_results(rows, args.out, matmul, notes, accuracy=accuracy)   # after every row: a timeout keeps it
+                        write_results(rows, args.out, matmul, notes=notes, accuracy=accuracy)   # a timeout keeps every row
                 if mode == "ours" and size == args.sizes[-1] and "fp8" in args.weights:   # before compiling in place
                     accuracy.append(fp8_entry(ctx, args.sizes[0]))
                     notes.append(fp8_accuracy.summary(accuracy[-1]["model"], "fp8", accuracy[-1]["rows"],
@@ -585,7 +585,7 @@ def main() -> int:
             del ctx
             torch._dynamo.reset()
             release_memory()
-    write_results(rows, args.out, matmul, notes, accuracy=accuracy)
+    write_results(rows, args.out, matmul, notes=notes, accuracy=accuracy)
     print(args.out.with_suffix(".md").read_text())
     return 0
 

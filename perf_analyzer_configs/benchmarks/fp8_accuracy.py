@@ -120,9 +120,10 @@ def table_lines(entries: list[dict]) -> list[str]:
     """The accuracy table of a results page (entries: {model, weights, rows}; every row in the JSON)."""
     if not entries:
         return []
-    lines = ["", "FP8 accuracy against 16-bit weights (fp32 in a CPU check), the same random ones (relative L2 error; a linear layer alone on "
-             "random rows; each repeated layer's output through the whole model; the final logits / latents):",
-             "", "| model | weights | what | rel. error | max abs error | top-1 agreement |", "|---|---|---|---:|---:|---:|"]
+    lines = ["", "FP8 accuracy against 16-bit weights (fp32 in a CPU check), the same random ones (relative L2 "
+             "error; a linear layer alone on random rows; each repeated layer's output through the whole model; "
+             "the final logits / latents):", "",
+             "| model | weights | what | rel. error | max abs error | top-1 agreement |", "|---|---|---|---:|---:|---:|"]
     for e in entries:
         lines += [f"| {e['model']} | {e['weights']} | {what} | {err} | {mx} | {top1} |"
                   for what, err, mx, top1 in condensed(e["rows"])]
