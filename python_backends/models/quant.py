@@ -15,6 +15,7 @@ tensors are dequantized on the way in (`dequantized_stream`): every such checkpo
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -133,10 +134,22 @@ def quantize_decoder(model: nn.Module, scheme: str, lm_head: bool = False) -> No
     """A decoder LM's linear layers (layers.Linear / MergedLinear: every projection of every layer) in
     FP8, and its lm_head with `lm_head` (an FP8 copy: a tied embedding keeps its table). Those already
     FP8 (from an FP8 checkpoint) stay as they are."""
-    block = check_scheme(scheme, next(model.parameters()).device)
+    device = next(model.parameters()).device
+    block = check_scheme(scheme, device)
+    if block is not None and device.type == "cuda" and blockwise_layout(device) is None:
+        warnings.warn(f"torch._scaled_mm takes no block scales on {torch.cuda.get_device_name(device)}: "
+                      "FP8 weights per output channel instead", stacklevel=2)
+        block = None
     quantize_linears(model, block, lambda name, m: isinstance(m, (Linear, MergedLinear)))
     if lm_head and not isinstance(model.lm_head, Fp8Linear):
         model.lm_head = Fp8Linear.of(model.lm_head, block)
+    if device.type == "cuda":
+        # a checkpoint's blocks that torch._scaled_mm cannot take here (another block size, or none at
+        # all on this GPU): per channel, else every prefill would dequantize them
+        for m in model.modules():
+            if isinstance(m, Fp8Linear) and m.block is not None and (
+                    m.block != (128, 128) or blockwise_layout(device) is None):
+                m.set_weight(m.dequantized(), None)
 
 
 def fp8_parameters(model: nn.Module) -> set[int]:
