@@ -48,6 +48,12 @@ class ARParams(EngineConfig):
     checkpoint: str = ""
     dtype: str = "float32"
     load_format: str = "auto"          # "dummy": random weights from config.json (benchmarks)
+    # FP8 (E4M3) weights for every linear layer of the decoder, quantized at load (models/quant.py):
+    # "none" (weights in `dtype`), "fp8" (a scale per output channel), "fp8_block" (per 128 x 128 block).
+    # An FP8 checkpoint (transformers' fine-grained layout) keeps its own blocks under either; under
+    # "none" it is dequantized. `quantize_lm_head`: the lm_head too (released FP8 checkpoints keep it in 16 bits).
+    quantization: str = "none"
+    quantize_lm_head: bool = False
     # tokens per streamed response after the first (which goes out at once, for the time to first
     # token): n >= 1 at least n (fewer only at the end); 0 (auto): 1 while one stream is live, then
     # one more per STREAMS_PER_TOKEN live streams (33 at 64). Each response is a request for every
@@ -112,7 +118,8 @@ def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, obje
     if params.load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {params.load_format!r}")
     tokenizer = load_tokenizer(folder)
-    model = load_causal_lm(folder, device, dtype, dummy=params.load_format == "dummy")
+    model = load_causal_lm(folder, device, dtype, dummy=params.load_format == "dummy",
+                           quantization=params.quantization, lm_head=params.quantize_lm_head)
     enable_kernels(device, params.use_triton_kernels)
     vocab = model.config.vocab_size
     engine = LLMEngine(model, params.engine_config(), device, dtype,
