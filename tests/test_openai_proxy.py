@@ -213,7 +213,7 @@ BAD = [
     ("unknown model", {"model": "no_such_model"}, openai.NotFoundError, "model", "model_not_found"),
     ("temperature not a number", {"temperature": "hot"}, openai.BadRequestError, "temperature", "invalid_value"),
     ("temperature out of range", {"temperature": 5}, openai.BadRequestError, "temperature", "invalid_value"),
-    ("n above 1", {"n": 2}, openai.BadRequestError, "n", "invalid_value"),
+    ("n above 16", {"n": 17}, openai.BadRequestError, "n", "invalid_value"),
     ("top_p zero", {"top_p": 0}, openai.BadRequestError, "top_p", "invalid_value"),
     ("image content", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      openai.BadRequestError, "messages[0].content[0]", "invalid_value"),

@@ -88,6 +88,7 @@ class ChatPreprocess(Step):
     inputs = (
         TensorSpec("text_input", "TYPE_STRING", (1,), optional=True),
         TensorSpec("messages", "TYPE_STRING", (1,), optional=True),
+        TensorSpec("prompt_token_ids", "TYPE_INT32", (-1,), optional=True),   # a raw prompt as token ids
         TensorSpec("chat_template_kwargs", "TYPE_STRING", (1,), optional=True),
         TensorSpec("sampling_parameters", "TYPE_STRING", (1,), optional=True),
         # Triton's vLLM backend's: false (or left out when not streaming) puts the prompt before a
@@ -123,7 +124,10 @@ class ChatPreprocess(Step):
                                             [self.tokenizer.eos_token_id or 0])
         return self._grammar
 
-    def prompt_text(self, req: Request, tools: "ToolRequest") -> str:
+    def input_limits(self) -> dict:
+        return {"prompt_token_ids": (self.params.max_model_len,)}
+
+    def prompt_text(self, req: Request, tools: "ToolRequest") -> str | list[int]:
         """The text to tokenize: `text_input` as given, or `messages` through the chat template."""
         most = self.params.max_messages_bytes
         for name in PROMPT_INPUTS:
@@ -133,8 +137,13 @@ class ChatPreprocess(Step):
                 raise InvalidInput(name, f"{size} bytes; at most {most} are accepted")
         text = req.string("text_input")
         messages = req.json("messages")
-        if (text is None) == (messages is None):
-            raise InvalidInput("messages", "give exactly one of 'messages' or 'text_input'")
+        ids = req.get("prompt_token_ids")
+        if sum(x is not None for x in (text, messages, ids)) != 1:
+            raise InvalidInput("messages", "give exactly one of 'messages', 'text_input' or 'prompt_token_ids'")
+        if ids is not None:
+            if ids.ndim != 1 or not ids.size or int(ids.min()) < 0 or int(ids.max()) >= len(self.tokenizer):
+                raise InvalidInput("prompt_token_ids", f"expected a non-empty list of token ids in [0, {len(self.tokenizer)})")
+            return ids.astype(np.int64).tolist()
         if text is not None:
             if not text:
                 raise InvalidInput("text_input", "is empty")
@@ -152,7 +161,7 @@ class ChatPreprocess(Step):
         except Exception as e:  # noqa: BLE001 - the template refused this conversation (jinja's raise_exception)
             raise InvalidInput("messages", f"the chat template cannot render them: {e}") from None
 
-    def request_plan(self, req: Request) -> tuple[str, SamplingParams, ReplyOptions]:
+    def request_plan(self, req: Request) -> tuple[str | list[int], SamplingParams, ReplyOptions]:
         """A request's prompt text, its sampling parameters (over the checkpoint's defaults, with the
         grammar that structured output or tool_choice asks for, checked here) and its reply options."""
         tools = ToolRequest.parse(req.json("tools"), req.string("tool_choice"),
@@ -198,8 +207,10 @@ class ChatPreprocess(Step):
                 pending.append((i, *self.request_plan(req)))
             except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
                 results[i] = exc
-        encoded = self.encode([text for _, text, _, _ in pending]) if pending else []
-        for (i, _, params, options), ids in zip(pending, encoded):
+        texts = [text for _, text, _, _ in pending if isinstance(text, str)]
+        encoded = iter(self.encode(texts) if texts else [])
+        for i, prompt, params, options in pending:
+            ids = next(encoded) if isinstance(prompt, str) else prompt
             try:
                 if isinstance(ids, BaseException):
                     raise ids
