@@ -174,7 +174,7 @@ def test_streamed_answer_equals_chat_client_with_usage(server, sdk):
 @pytest.mark.server
 def test_stream_wire_format_ends_with_done(proxy):
     # seeded: an unseeded sample of the tiny random model can end on EOS within 4 tokens ("stop")
-    body = {"model": "qwen3_chat", "messages": MESSAGES, "max_tokens": 4, "stream": True, "seed": 7}
+    body = {"model": "qwen3_chat", "messages": MESSAGES, "max_tokens": 4, "stream": True, "seed": 7, "ignore_eos": True}
     req = urllib.request.Request(f"{proxy}/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
     with urllib.request.urlopen(req, timeout=60) as r:

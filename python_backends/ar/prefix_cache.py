@@ -39,6 +39,7 @@ class PrefixCache:
         self.evictable: OrderedDict[int, None] = OrderedDict()          # cached, unreferenced, oldest first
         self.queried_tokens = 0
         self.hit_tokens = 0
+        self.evictions = 0
 
     def num_available(self) -> int:
         return len(self.free) + len(self.evictable)
@@ -70,6 +71,7 @@ class PrefixCache:
                 b = self.free.popleft()
             else:
                 b, _ = self.evictable.popitem(last=False)
+                self.evictions += 1
                 del self.by_hash[self.hash_of[b]]
                 self.hash_of[b] = None
             if self.refs[b] != 0:
