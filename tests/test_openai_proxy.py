@@ -337,13 +337,13 @@ class FakeGateway:
     async def live(self):
         return True
 
-    async def stream(self, model, values, disconnected=None, param_of=None):
+    async def stream(self, model, values, disconnected=None, param_of=None, batched=True):
         self.calls.append((model, {k: v for k, (v, _) in values.items() if v is not None},
                            {k: t for k, (v, t) in values.items() if v is not None}))
         for outputs in self.replies[model]:
             yield outputs
 
-    async def collect(self, model, values, disconnected=None, param_of=None):
+    async def collect(self, model, values, disconnected=None, param_of=None, batched=True):
         return [o async for o in self.stream(model, values, disconnected, param_of)]
 
     def close(self):

@@ -24,7 +24,7 @@ FIELD = "sampling_parameters"
 
 @dataclass
 class SamplingParams:
-    max_tokens: int | None = None      # None: up to DEFAULT_MAX_TOKENS, within the context
+    max_tokens: int | None = None      # None: the rest of the context
     min_tokens: int = 0                # stop tokens (and EOS) are ignored before this many
     temperature: float = 1.0           # 0 = greedy
     top_p: float = 1.0
