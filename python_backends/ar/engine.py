@@ -127,6 +127,12 @@ class LLMEngine:
         else:                   # in-process callers (benchmarks, tests) and requests sent straight here
             params = params.resolve(seq.prompt_len, self.config.max_model_len, self.vocab_size)
         seq.params = params
+        if self.runner.logits is None:          # a frame model samples its own codes: none of these apply
+            for name, off in (("min_p", 0.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                              ("repetition_penalty", 1.0), ("logit_bias", None), ("n", 1), ("logprobs", None),
+                              ("guided_decoding", None), ("thinking_budget", None)):
+                if getattr(params, name) != off:
+                    raise InvalidInput(f"sampling_parameters.{name}", "not supported by this model")
         if params.n > self.config.max_num_seqs:
             raise InvalidInput("sampling_parameters.n", f"{params.n} samples cannot run together: this model "
                                f"decodes at most {self.config.max_num_seqs} sequences at once")
