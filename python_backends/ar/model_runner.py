@@ -308,6 +308,10 @@ class ModelRunner:
             self._rows_key = ()
         return self.graphs[key]
 
+    def _graph_of(self, bs: int, variant: str, first: bool, features: Features) -> torch.cuda.CUDAGraph:
+        """`_graph`, naming the features only when there are any (the plain graphs' call as before)."""
+        return self._graph(bs, variant, first) if features == Features() else self._graph(bs, variant, first, features)
+
     def _graph_body(self, bs: int, variant: str, first: bool, max_context_len: int = 0,
                     features: Features = Features()) -> torch.Tensor:
         if first:
@@ -437,7 +441,7 @@ class ModelRunner:
             self._rows_key = key
         variant, features = self.variant(seqs), self.features(seqs)
         if bucket is not None:
-            self._graph(bs, variant, features=features).replay()
+            self._graph_of(bs, variant, False, features).replay()
             result = self.out[:, :n]
         else:
             result = self._decode_body(bs, variant, max(s.prompt_len + s.num_launched for s in seqs), features)[:, :n]
@@ -468,7 +472,7 @@ class ModelRunner:
             result = self._sample_and_check(hidden, self.upload([s.row for s in seqs]), variant, self.out[:, :n],
                                             features=features)
         else:
-            graph = self._graph(bucket, variant, first=True, features=features)  # a capture overwrites rows, not first_hidden
+            graph = self._graph_of(bucket, variant, True, features)  # a capture overwrites rows, not first_hidden
             if hidden.data_ptr() != self.first_hidden.data_ptr():
                 self.first_hidden[:n].copy_(hidden)
             self.first_rows[:bucket].copy_(self.upload([s.row for s in seqs] + [self.scratch] * (bucket - n)))
