@@ -115,15 +115,15 @@ def test_processors_equal_transformers_and_the_reference():
     proc = RowLogits(rows, V, 4, torch.device("cpu"))
 
     class S:                                 # what RowLogits.admit reads of a sequence
-        def __init__(self, prompt, p):
-            self.prompt_ids, self.params, self.thinking, self.thinking_left = prompt, p, False, -1
+        def __init__(self, prompt, p, row):
+            self.prompt_ids, self.params, self.thinking, self.thinking_left, self.row = prompt, p, False, -1, row
 
     params = [SamplingParams(repetition_penalty=1.4, presence_penalty=0.3, frequency_penalty=0.5),
               SamplingParams(logit_bias={"3": 5.0, "7": -2.0}),
               SamplingParams(repetition_penalty=0.8)]
     prompts, generated = [[1, 2, 3], [4], [5, 5, 9]], [[2, 6, 6], [], [9, 1]]
-    seqs = [S(p, sp) for p, sp in zip(prompts, params)]
     rows_t = torch.tensor([2, 0, 1])
+    seqs = [S(p, sp, r) for p, sp, r in zip(prompts, params, rows_t.tolist())]
     proc.admit(seqs, rows_t, lambda v, dt=torch.int64: torch.tensor(v, dtype=dt))
     for r, g in zip(rows_t.tolist(), generated):
         for t in g:

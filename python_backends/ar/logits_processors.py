@@ -100,9 +100,9 @@ class RowLogits:
             prow = rows[upload(penalized)]
             self.counts[prow] = 0
             self.in_prompt[prow] = False
-            for i in penalized:
+            for i in penalized:            # the host's row numbers: reading `rows` would wait for the device
                 if seqs[i].params.repetition_penalty != 1.0 and seqs[i].prompt_ids:
-                    self.in_prompt[int(rows[i])][upload(sorted(set(seqs[i].prompt_ids)))] = True
+                    self.in_prompt[seqs[i].row][upload(sorted(set(seqs[i].prompt_ids)))] = True
 
     def copy_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """A fork (n > 1) starts from its parent's state: generated counts (none yet), prompt tokens."""
