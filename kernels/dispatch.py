@@ -209,3 +209,25 @@ def prefill_attention(q, k, v, seq_lens, scale, cu_seqlens=None, max_seqlen=0):
         out.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)[0].transpose(0, 1))
         start += n
     return torch.cat(out, dim=0)
+
+
+def prefill_attention_with_prefix(q, k_cache, v_cache, block_tables, context_lens, seq_lens, prefix_lens, scale,
+                                  cu_seqlens=None, max_context_len=0):
+    """Causal attention of packed prompt tails over their whole prompts in the paged cache (see
+    attention_reference.prefill_attention_with_prefix). On CUDA, with the varlen flash kernel: each
+    prompt's K/V gathered from its blocks into one packed tensor, then one launch whose causal mask is
+    aligned to each sequence's end (flash's convention when a sequence has fewer queries than keys)."""
+    if not (q.is_cuda and cu_seqlens is not None and varlen_attention_supported(q.dtype, q.shape[-1], q.device)):
+        return attention_reference.prefill_attention_with_prefix(q, k_cache, v_cache, block_tables, context_lens,
+                                                                 seq_lens, prefix_lens, scale)
+    block_size, Hk, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    total = sum(seq_lens) + sum(prefix_lens)
+    lens = context_lens.long()
+    cu_k = torch.zeros(len(seq_lens) + 1, dtype=torch.int32, device=q.device)
+    torch.cumsum(context_lens, 0, out=cu_k[1:])
+    seq_of = torch.repeat_interleave(torch.arange(len(seq_lens), device=q.device), lens, output_size=total)
+    pos = torch.arange(total, device=q.device) - cu_k[:-1].long()[seq_of]
+    slots = block_tables[seq_of, pos // block_size].long() * block_size + pos % block_size
+    k, v = k_cache.view(-1, Hk, D)[slots], v_cache.view(-1, Hk, D)[slots]
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_k, max(seq_lens), max_context_len,
+                                                   0.0, True, False, scale=scale)[0]

@@ -21,8 +21,8 @@ from typing import Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # results/NAME.json -> the benchmark whose PAGE renders it
-BENCHMARKS = {"ar_decode": "bench_ar_decode", "asr": "bench_asr", "decode_matmul": "bench_decode_matmul",
-              "decode_matmul_fp8": "bench_decode_matmul", "image": "bench_image",
+BENCHMARKS = {"ar_decode": "bench_ar_decode", "asr": "bench_asr", "chat_features": "bench_chat_features",
+              "decode_matmul": "bench_decode_matmul", "decode_matmul_fp8": "bench_decode_matmul", "image": "bench_image",
               "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec"}
 
 

@@ -242,8 +242,9 @@ def bench_server(name, folder, args, target, weights="bf16"):
                 if left[0] == 0:
                     done.set()
 
+        batched = args.server_model != "qwen3_chat"        # the front takes [1] inputs, as the vLLM backend's models
         requests = [make_inputs(grpcclient, {"text_input": (t, "BYTES"), "sampling_parameters": (sampling, "BYTES"),
-                                             "stream": (True, "BOOL")}) for t in texts]
+                                             "stream": (True, "BOOL")}, batched) for t in texts]
         client = grpcclient.InferenceServerClient(host_port(server.grpc_url))
         client.start_stream(callback=on_response)
         try:
