@@ -144,7 +144,7 @@ def test_tensor_with_the_wrong_shape(tmp_path, capsys, copy):
     edit_tensors(folder / "model.safetensors",
                  lambda t: t.update({"model.embed_tokens.weight": t["model.embed_tokens.weight"][:-1].contiguous()}))
     fails(tmp_path, capsys, "qwen3_chat", folder, "model.safetensors",
-          "model.embed_tokens.weight: checkpoint shape (511, 64) != model (512, 64)")
+          "model.embed_tokens.weight: checkpoint shape (515, 64) != model (516, 64)")
 
 
 def test_missing_layer(tmp_path, capsys, copy):
