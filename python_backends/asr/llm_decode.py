@@ -33,23 +33,13 @@ from triton_omni.ar.embeds_step import ARDecodeWithEmbeds, EmbedsARParams
 from triton_omni.ar.prompt_embeds import PromptEmbeds, placeholder_index
 from triton_omni.ar.sampling import SamplingParams
 from triton_omni.ar.step import CONTEXT_TOKENS, Reply
+from triton_omni.asr.llm_tensors import DECODE_OUTPUTS
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.front import ABORT_INPUT
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, ResponseSink, register, string_array
 from triton_omni.text.stream import TokenStream
 
-OUTPUTS = (
-    TensorSpec("token_ids", "TYPE_INT32", (-1,)),
-    TensorSpec("num_context", "TYPE_INT32", (1,)),
-    TensorSpec("new_segment", "TYPE_BOOL", (1,)),
-    TensorSpec("first_text", "TYPE_BOOL", (1,)),
-    TensorSpec("streamed", "TYPE_BOOL", (1,)),
-    TensorSpec("finish_reason", "TYPE_STRING", (1,)),
-    TensorSpec("segment_token_ids", "TYPE_INT32", (-1,)),
-    TensorSpec("segment_token_counts", "TYPE_INT32", (-1,)),
-    TensorSpec("segment_headers", "TYPE_STRING", (1,)),
-)
 
 
 @dataclass
@@ -179,7 +169,7 @@ class ASRDecode(ARDecodeWithEmbeds):
         TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
         TensorSpec(ABORT_INPUT, "TYPE_STRING", (1,), optional=True, control=True),
     )
-    outputs = OUTPUTS
+    outputs = DECODE_OUTPUTS
     Params = ASRDecodeParams
 
     def make_engine(self, folder):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from triton_omni.asr.llm_decode import OUTPUTS as DECODE_OUTPUTS
+from triton_omni.asr.llm_tensors import DECODE_OUTPUTS
 from triton_omni.asr.post import OUTPUTS
 from triton_omni.asr.pre import SEGMENT_SPANS
 from triton_omni.asr.request import TRANSCRIPTION, Options

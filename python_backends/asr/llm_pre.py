@@ -19,17 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from triton_omni.ar.sampling import SamplingParams
+from triton_omni.asr.llm_tensors import INPUT_IDS, PROMPT_LENS, SAMPLING
 from triton_omni.asr.pre import ASRPre, ASRPreParams
 from triton_omni.asr.request import Options
 from triton_omni.asr.segment import as_array
 from triton_omni.runtime.errors import InvalidInput
-from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, StepContext, string_array
 from triton_omni.text.tokenizer import load_tokenizer
 
-INPUT_IDS = TensorSpec("input_ids", "TYPE_INT32", (-1,))
-PROMPT_LENS = TensorSpec("prompt_lens", "TYPE_INT32", (-1,))
-SAMPLING = TensorSpec("sampling", "TYPE_STRING", (1,))
 
 
 @dataclass

@@ -14,6 +14,7 @@ import torch
 
 from triton_omni.asr.features import normalize_clips
 from triton_omni.asr.llm_pre import LLMASRPre, PromptParts
+from triton_omni.asr.llm_tensors import PROMPT_EMBEDS
 from triton_omni.asr.omniasr.model import AudioEncoderConfig, OmniASRCTC, OmniASRLLMEncoder, PackedClips
 from triton_omni.asr.packing import clips_of, forward_groups
 from triton_omni.asr.post import FRAME_IDS, FRAME_LOGPROBS, FRAME_STRIDE, SEGMENT_FRAMES
@@ -151,7 +152,7 @@ class OmniASRLLMEncoderParams:
 @register("omniasr_llm_encoder")
 class OmniASRLLMEncoderStep(Step):
     inputs = OmniASRCTCEncoder.inputs
-    outputs = (TensorSpec("prompt_embeds", "TYPE_FP32", (-1, -1)),)
+    outputs = (PROMPT_EMBEDS,)
     Params = OmniASRLLMEncoderParams
 
     def __init__(self, ctx: StepContext):

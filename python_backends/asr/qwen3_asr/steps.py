@@ -19,6 +19,7 @@ import torch
 
 from triton_omni.asr.llm_post import LLMASRPost, most_common
 from triton_omni.asr.llm_pre import LLMASRPre, PromptParts
+from triton_omni.asr.llm_tensors import PROMPT_EMBEDS
 from triton_omni.asr.packing import clips_of, forward_groups
 from triton_omni.asr.pre import SAMPLES, SEGMENT_SPANS
 from triton_omni.asr.qwen3_asr.model import Qwen3ASRAudioEncoder, audio_tokens, encoder_frames
@@ -30,7 +31,6 @@ from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
 
-PROMPT_EMBEDS = TensorSpec("prompt_embeds", "TYPE_FP32", (-1, -1))
 TEXT_MARKER = "<asr_text>"       # ends the model's "language <Name>" header
 
 
