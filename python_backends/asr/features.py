@@ -32,7 +32,8 @@ def whisper_frames(samples: int) -> int:
     return samples // WHISPER_HOP
 
 
-def whisper_log_mel(clips: list[torch.Tensor], filters: torch.Tensor) -> torch.Tensor:
+def whisper_log_mel(clips: list[torch.Tensor], filters: torch.Tensor, padded: bool = False,
+                    extra: int = 0) -> torch.Tensor:
     """Whisper's log-mel spectrogram (Qwen3ASRFeatureExtractor, WhisperFeatureExtractor) of each clip
     alone: torch.stft centred with reflect padding at both ends (Hann window, 400-sample FFT, 160-sample
     hop), its last frame dropped, power through the mel filters `filters` [mels, 201], log10 clamped to
@@ -40,17 +41,22 @@ def whisper_log_mel(clips: list[torch.Tensor], filters: torch.Tensor) -> torch.T
 
     Packed, not padded to the longest: each clip (with its reflected ends) sits in a slot of the buffer
     that is a whole number of hops long, so one strided view holds every clip's frames: one FFT, one
-    mel product and one per-clip maximum for all clips of a batch."""
+    mel product and one per-clip maximum for all clips of a batch.
+
+    `padded`: the clip as the Whisper feature extractor sees it, zero-padded to 30 s: zeros after it (no
+    reflection), ceil(len / 160) frames and `extra` more (which overlap the clip's end or are silence),
+    the maximum over all of them (the padded frames after those are silence and never the maximum)."""
     device, half = clips[0].device, WHISPER_FFT // 2
-    frames = [whisper_frames(c.numel()) for c in clips]
-    slots = [-(-(c.numel() + WHISPER_FFT) // WHISPER_HOP) * WHISPER_HOP for c in clips]
+    frames = [(-(-c.numel() // WHISPER_HOP) + extra) if padded else whisper_frames(c.numel()) for c in clips]
+    slots = [-(-(n * WHISPER_HOP + WHISPER_FFT) // WHISPER_HOP) * WHISPER_HOP for n in frames]
     buffer = torch.zeros(sum(slots), dtype=torch.float32, device=device)
     starts, at = [], 0
     for clip, slot in zip(clips, slots):
         clip = clip.float().reshape(-1)
         if clip.numel() <= half:
             raise ValueError(f"a clip of {clip.numel()} samples is too short for a {WHISPER_FFT}-sample window")
-        body = torch.cat([clip[1:half + 1].flip(0), clip, clip[-half - 1:-1].flip(0)])
+        tail = clip.new_zeros(0) if padded else clip[-half - 1:-1].flip(0)
+        body = torch.cat([clip[1:half + 1].flip(0), clip, tail])[:slot]
         buffer[at:at + body.numel()] = body
         starts.append(at // WHISPER_HOP)
         at += slot

@@ -45,17 +45,19 @@ def checkpoint_names(folder: str | Path) -> list[str]:
 
 def placement(model: nn.Module):
     """checkpoint name -> (the model's parameter name, part index in a merged module or None), or
-    (None, None) for a name the model skips; by the model's `rename`, `skip_prefixes` and `packed`."""
+    (None, None) for a name the model skips; by the model's `rename`, `skip_prefixes`, `skip_parts`
+    (name fragments, e.g. another path's modules inside each layer) and `packed`."""
     packed: dict[str, tuple[str, int]] = getattr(model, "packed", {})
     rename: dict[str, str] = getattr(model, "rename", {})
     skip: tuple[str, ...] = getattr(model, "skip_prefixes", ())
+    skip_parts: tuple[str, ...] = getattr(model, "skip_parts", ())
 
     def place(name: str) -> tuple[str | None, int | None]:
         for old, new in rename.items():
             if name.startswith(old):
                 name = new + name[len(old):]
                 break
-        if name.startswith(skip):
+        if name.startswith(skip) or any(part in name for part in skip_parts):
             return None, None
         for frag, (merged, index) in packed.items():
             if f".{frag}." in name:
