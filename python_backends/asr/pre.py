@@ -31,6 +31,7 @@ class ASRPreParams:
     prompt: bool = False                # whether the model reads a prompt (else `prompt` is refused)
     sampling: bool = False              # whether the model samples (else temperature > 0 is refused)
     max_prompt_chars: int = 2048
+    translate: bool = False             # whether the model translates (takes task "translate")
 
 
 @register("asr_pre")
@@ -47,7 +48,7 @@ class ASRPre(Step):
         if not 0 <= p.overlap_seconds < p.max_segment_seconds / 2:
             raise ValueError("parameter 'overlap_seconds': must be below half of max_segment_seconds")
         self.settings = SegmentSettings(p.max_segment_seconds, p.overlap_seconds)
-        self.abilities = Abilities(p.prompt, p.sampling, p.max_prompt_chars)
+        self.abilities = Abilities(p.prompt, p.sampling, p.max_prompt_chars, p.translate)
         self.vad = self.vad_settings = None
         if p.segmentation == "vad":
             from triton_omni.asr.vad import SileroVAD, VADSettings
