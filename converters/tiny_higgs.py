@@ -89,6 +89,9 @@ def higgs_audio(out: Path) -> None:
 
     tok = tokenizer()
     tok.save_pretrained(str(out))
+    # the releases' class name (Llama 3's fast tokenizer), which transformers 4 (the package's) also reads
+    meta = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**meta, "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
     token = tok.convert_tokens_to_ids
     vocab = len(tok)
     g = torch.Generator().manual_seed(33)

@@ -125,16 +125,17 @@ from fish_speech.models.dac.modded_dac import DAC; from fish_speech.models.dac.r
 higgs() {
   # boson-multimodal (Higgs Audio) pins transformers <4.47 and pulls a codec, boto3, s3fs, librosa, pandas...
   # for its data pipeline and serving engine; its model code (HiggsAudioModel: Whisper audio tower,
-  # projector, Llama decoder) imports only torch and transformers, so that is all it gets
+  # projector, Llama decoder) imports only torch and transformers, so that is what it gets
   local venv=.venv-higgs stamp
   stamp=$(stamp_of "$venv" higgs)
   [ -f "$stamp" ] && return 0
   fresh_venv "$venv" "boson-multimodal 0.1.1, transformers 4.46.3"
   local pip="$venv/bin/python -m pip install -q"
   $pip --no-deps boson-multimodal==0.1.1
-  $pip transformers==4.46.3 "numpy<2" safetensors
+  # and what its chat-sample preparation (the prompt the tests hold ours against) imports
+  $pip transformers==4.46.3 "numpy<2" safetensors dacite pandas loguru
   "$venv/bin/python" -c "from boson_multimodal.model.higgs_audio import HiggsAudioConfig, HiggsAudioModel; \
-from transformers import WhisperFeatureExtractor" >/dev/null 2>&1 \
+from boson_multimodal.dataset.chatml_dataset import prepare_chatml_sample" >/dev/null 2>&1 \
     || { echo "[reference] $venv: boson_multimodal does not import" >&2; exit 1; }
   touch "$stamp"
 }
