@@ -34,6 +34,7 @@ class LLMASRPreParams(ASRPreParams):
     checkpoint: str = ""
     max_model_len: int = 4096           # as the AR step's: a segment's prompt and transcript fit in it
     max_new_tokens: int = 512           # transcript tokens per segment at most (30 s of speech: ~100-200)
+    min_new_tokens: int = 0             # benchmarks: decode at least this many (random weights end anywhere)
     prompt: bool = True
     sampling: bool = True
 
@@ -82,7 +83,8 @@ class LLMASRPre(ASRPre):
         if longest + 1 > p.max_model_len:
             raise InvalidInput("audio", f"a segment's prompt has {longest} tokens; the decoder's context holds "
                                         f"{p.max_model_len} (max_segment_seconds is too long for max_model_len)")
-        sampling = SamplingParams(max_tokens=min(p.max_new_tokens, p.max_model_len - max(longest, 1)),
+        most = min(p.max_new_tokens, p.max_model_len - max(longest, 1))
+        sampling = SamplingParams(max_tokens=most, min_tokens=min(p.min_new_tokens, most),
                                   temperature=options.temperature, seed=None)
         sampling = sampling.resolve(max(longest, 1), p.max_model_len, len(self.tokenizer))
         return {"samples": samples, "segment_spans": as_array(segments), "transcription": options.tensor(),
