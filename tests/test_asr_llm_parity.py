@@ -156,3 +156,80 @@ def test_pre_steps_refuse_what_the_model_cannot_do(qwen3_folder, omni_folder):
         with pytest.raises(InvalidInput) as e:
             step.one(wav_request(wave, **strings))
         assert e.value.field == field
+
+
+# -- the whole model on the AR engine -------------------------------------------------------------
+TOKENS = 8
+
+
+def engine_for(folder):
+    from triton_omni.ar.step import ARParams, build_engine
+
+    params = ARParams(checkpoint=str(folder), dtype="float32", max_num_seqs=8, max_model_len=1024)
+    return build_engine(folder, params, "cpu", prompt_embeds=True)[0]
+
+
+def prompts_and_rows(pre, encoder, waves: list[np.ndarray], **strings):
+    """Our pre step's prompt and our encoder step's rows for each clip (one segment each)."""
+    outs = [pre.one(wav_request(w, **strings)) for w in waves]
+    rows = encoder.execute([Request(o) for o in outs])
+    return [(o["input_ids"], torch.from_numpy(r["prompt_embeds"])) for o, r in zip(outs, rows)]
+
+
+def greedy_on_engine(engine, cases, audio_token_id) -> list[list[int]]:
+    """Every case's greedy tokens, all of them decoded together on the engine."""
+    from triton_omni.ar.prompt_embeds import PromptEmbeds, placeholder_index
+    from triton_omni.ar.sampling import SamplingParams
+
+    seqs = [engine.add(ids, SamplingParams(max_tokens=TOKENS, temperature=0.0),
+                       embeds=PromptEmbeds(rows, placeholder_index(ids, [audio_token_id]))) for ids, rows in cases]
+    engine.run_until_done()
+    return [s.output_ids for s in seqs]
+
+
+def encoder_step(cls, params_cls, folder):
+    return cls(StepContext("encoder", params_cls(checkpoint=str(folder)), "cpu", Path(".")))
+
+
+def test_qwen3_asr_greedy_tokens_equal_generate_and_batched_equals_alone(qwen3_folder, qwen3_reference):
+    from triton_omni.asr.qwen3_asr.steps import Qwen3ASREncoderParams, Qwen3ASREncoderStep, Qwen3ASRPre
+    from triton_omni.media.audio import decode
+
+    model, processor = qwen3_reference
+    pre = pre_step(Qwen3ASRPre, qwen3_folder)
+    encoder = encoder_step(Qwen3ASREncoderStep, Qwen3ASREncoderParams, qwen3_folder)
+    waves = clips(5)[1:]
+    cases = prompts_and_rows(pre, encoder, waves, language="en")
+    engine = engine_for(qwen3_folder)
+    together = greedy_on_engine(engine, cases, model.config.audio_token_id)
+    for wave, (ids, rows), got in zip(waves, cases, together):
+        heard = decode(wav_request(wave).get("audio").reshape(-1)[0], 16000)[0]
+        inputs = processor.apply_transcription_request(heard, language="en")
+        with torch.inference_mode():
+            want = model.generate(**inputs, max_new_tokens=TOKENS, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            logits = model(**inputs).logits[0, -1]
+        want = [t for t in want.tolist() if t not in model.config.eos_token_id]
+        assert got == want
+        assert int(logits.argmax()) == (got[0] if got else int(logits.argmax()))
+        assert greedy_on_engine(engine, [(ids, rows)], model.config.audio_token_id)[0] == got      # alone
+
+
+def test_omniasr_llm_greedy_tokens_equal_generate_and_batched_equals_alone(omni_folder, omni_reference):
+    from triton_omni.asr.omniasr.steps import OmniASRLLMEncoderParams, OmniASRLLMEncoderStep, OmniASRLLMPre
+    from triton_omni.media.audio import decode
+
+    model, processor = omni_reference
+    pre = pre_step(OmniASRLLMPre, omni_folder, prompt=False)
+    encoder = encoder_step(OmniASRLLMEncoderStep, OmniASRLLMEncoderParams, omni_folder)
+    waves = clips(6)[1:]
+    cases = prompts_and_rows(pre, encoder, waves, language="en")
+    engine = engine_for(omni_folder)
+    together = greedy_on_engine(engine, cases, model.config.audio_token_id)
+    for wave, case, got in zip(waves, cases, together):
+        heard = decode(wav_request(wave).get("audio").reshape(-1)[0], 16000)[0]
+        inputs = processor.apply_transcription_request(heard, language="en", return_tensors="pt")
+        with torch.inference_mode():
+            want = model.generate(**inputs, max_new_tokens=TOKENS, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+        want = [t for t in want.tolist() if t != model.config.eos_token_id]
+        assert got == want
+        assert greedy_on_engine(engine, [case], model.config.audio_token_id)[0] == got

@@ -33,13 +33,18 @@ from triton_omni.ar.embeds_step import ARDecodeWithEmbeds, EmbedsARParams
 from triton_omni.ar.prompt_embeds import PromptEmbeds, placeholder_index
 from triton_omni.ar.sampling import SamplingParams
 from triton_omni.ar.step import CONTEXT_TOKENS, Reply
-from triton_omni.asr.llm_tensors import DECODE_OUTPUTS
+from triton_omni.asr.llm_tensors import DECODE_OUTPUTS, PASSED_ON
+from triton_omni.asr.pre import SEGMENT_SPANS
+from triton_omni.asr.request import TRANSCRIPTION
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.front import ABORT_INPUT
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, ResponseSink, register, string_array
 from triton_omni.text.stream import TokenStream
 
+
+
+AUDIO_TOKEN_KEYS = ("audio_token_id", "audio_in_token_idx")     # config.json keys of the audio placeholder
 
 
 @dataclass
@@ -62,8 +67,9 @@ class SegmentedTranscript:
     lock also covers an error raised on Triton's thread)."""
 
     def __init__(self, sink: ResponseSink, headers: list[bool], streaming: bool, marker: int | None,
-                 token_bytes: list[bytes]):
+                 token_bytes: list[bytes], passed_on: dict):
         self.sink, self.streaming, self.marker, self.bytes = sink, streaming, marker, token_bytes
+        self.passed_on = passed_on          # pre's tensors for post, in every response
         self.segments = [_Segment(in_header=h) for h in headers]
         self.current = 0
         self.context: list[int] = []
@@ -133,7 +139,7 @@ class SegmentedTranscript:
         self.sink.send({"token_ids": np.asarray(self.context + new, dtype=np.int32),
                         "num_context": np.asarray([len(self.context)], dtype=np.int32),
                         "new_segment": np.asarray([new_segment]), "first_text": np.asarray([first]),
-                        "streamed": np.asarray([self.streaming]),
+                        "streamed": np.asarray([self.streaming]), **self.passed_on,
                         **(extra or self._final_fields(final))}, final=final)
         self.context = (self.context + new)[-CONTEXT_TOKENS:]
 
@@ -167,13 +173,18 @@ class ASRDecode(ARDecodeWithEmbeds):
         TensorSpec("prompt_embeds", "TYPE_FP32", (-1, -1), optional=True),
         TensorSpec("sampling", "TYPE_STRING", (1,), optional=True),
         TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
+        TensorSpec(SEGMENT_SPANS.name, "TYPE_INT64", (-1, 4), optional=True),
+        TensorSpec(TRANSCRIPTION.name, "TYPE_STRING", (1,), optional=True),
         TensorSpec(ABORT_INPUT, "TYPE_STRING", (1,), optional=True, control=True),
     )
-    outputs = DECODE_OUTPUTS
+    outputs = DECODE_OUTPUTS + (SEGMENT_SPANS, TRANSCRIPTION)
     Params = ASRDecodeParams
 
     def make_engine(self, folder):
         engine = super().make_engine(folder)
+        if not self.placeholders:           # a checkpoint that names its audio token otherwise (Higgs Audio)
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            self.placeholders = [int(config[k]) for k in AUDIO_TOKEN_KEYS if isinstance(config.get(k), int)][:1]
         marker = self.params.text_marker
         self.marker = None
         if marker:
@@ -187,7 +198,8 @@ class ASRDecode(ARDecodeWithEmbeds):
 
     def input_limits(self) -> dict:
         n, segs = self.params.max_model_len, self.params.max_segments
-        return {"input_ids": (n * segs,), "prompt_lens": (segs,), "prompt_embeds": (n * segs, None)}
+        return {"input_ids": (n * segs,), "prompt_lens": (segs,), "prompt_embeds": (n * segs, None),
+                SEGMENT_SPANS.name: (segs, None)}
 
     def submit(self, request: Request, sink: ResponseSink) -> None:
         if self.handle_abort(request, sink):
@@ -211,7 +223,16 @@ class ASRDecode(ARDecodeWithEmbeds):
         params = SamplingParams.from_resolved(request.json("sampling"))
         streaming = bool(request.scalar("stream", False))
         headers = [self.marker is not None and self.marker not in p.tolist() for p in prompts]
-        transcript = SegmentedTranscript(sink, headers, streaming, self.marker, self.token_bytes)
+        passed_on = {}
+        for name in PASSED_ON:
+            value = request.get(name)
+            if value is None:
+                raise InvalidInput(name, "is required (the pre step makes it; the post step reads it)")
+            passed_on[name] = np.asarray(value.cpu() if hasattr(value, "cpu") else value)
+        if passed_on[SEGMENT_SPANS.name].reshape(-1, 4).shape[0] != len(prompts):
+            raise InvalidInput(SEGMENT_SPANS.name, f"{passed_on[SEGMENT_SPANS.name].reshape(-1, 4).shape[0]} segments "
+                                                   f"for {len(prompts)} prompts")
+        transcript = SegmentedTranscript(sink, headers, streaming, self.marker, self.token_bytes, passed_on)
         if not prompts:                   # silence: no segment, an empty transcript
             transcript._finish()
             return
@@ -228,4 +249,4 @@ class ASRDecode(ARDecodeWithEmbeds):
         for k, (prompt, e) in enumerate(zip(prompts, embeds)):
             seg_params = params if params.seed is None else dataclasses.replace(params, seed=(params.seed + k) % 2 ** 63)
             reply = Reply(transcript.sink_of(k), TokenStream(self.token_bytes, []), streaming, int(prompt.size))
-            self.start(request, reply, prompt, seg_params, e)
+            self.start(request, reply, prompt, seg_params, embeds=e)

@@ -22,3 +22,6 @@ DECODE_OUTPUTS = (
     TensorSpec("segment_token_counts", "TYPE_INT32", (-1,)),
     TensorSpec("segment_headers", "TYPE_STRING", (1,)),
 )
+# pre's tensors that post reads, passed through asr_decode in every response: Triton refuses an ensemble
+# step whose inputs come from both a decoupled step and one before it
+PASSED_ON = ("segment_spans", "transcription")
