@@ -351,7 +351,7 @@ def check_bagel(folder: Path, report: Report) -> None:
 
 
 def check_component(folder: Path, name: str, library: str, class_name: str, report: Report) -> None:
-    """One subfolder of a diffusers pipeline, as image/checkpoint.py loads it."""
+    """One subfolder of a diffusers pipeline, as diffusion/checkpoint.py loads it."""
     if not folder.is_dir():
         report.append((folder, f"missing: model_index.json names a {name} component ({library}.{class_name})"))
         return
