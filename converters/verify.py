@@ -394,6 +394,15 @@ def pipeline(classes: tuple[str, ...], components: tuple[str, ...]) -> Callable[
 DIFFUSERS = ("scheduler", "text_encoder", "tokenizer", "transformer", "vae")
 
 
+def check_wan(folder: Path, report: Report) -> None:
+    """A Wan2.2 pipeline folder; the A14B models' second expert too, where model_index.json names one."""
+    pipeline(("WanPipeline", "WanImageToVideoPipeline"), DIFFUSERS)(folder, report)
+    index = read_json(folder / "model_index.json", [], "")
+    second = (index or {}).get("transformer_2")
+    if isinstance(second, list) and len(second) == 2 and all(isinstance(x, str) for x in second):
+        check_component(folder / "transformer_2", "transformer_2", second[0], second[1], report)
+
+
 @dataclass(frozen=True)
 class Kind:
     check: Callable[[Path, Report], None]
@@ -418,6 +427,7 @@ FAMILIES: dict[str, dict[str, Kind]] = {
     "triton_omni.image.qwen_image.": {"checkpoint": Kind(pipeline(("QwenImageEditPipeline", "QwenImageEditPlusPipeline"),
                                                                   DIFFUSERS + ("processor",)))},
     "triton_omni.image.joyimage.": {"checkpoint": Kind(pipeline(("JoyImageEditPipeline",), DIFFUSERS + ("processor",)))},
+    "triton_omni.video.wan.": {"checkpoint": Kind(check_wan)},
 }
 
 

@@ -22,7 +22,7 @@ from typing import Callable
 RESULTS = Path(__file__).resolve().parent / "results"
 # results/NAME.json -> the benchmark whose PAGE renders it
 BENCHMARKS = {"ar_decode": "bench_ar_decode", "decode_matmul": "bench_decode_matmul", "image": "bench_image",
-              "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec"}
+              "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec", "video": "bench_video"}
 
 
 @dataclass
@@ -149,6 +149,9 @@ def main() -> int:
         ap.error(f"no benchmark writes {', '.join(sorted(unknown))}")
     for name in args.names or list(BENCHMARKS):
         path = args.dir / f"{name}.json"
+        if not path.exists() and not args.names:
+            print(f"{path} not written yet (its benchmark has not run on the GPU): skipped", flush=True)
+            continue
         render(path, page_of(name), json.loads(path.read_text()))
         print(f"wrote {path.with_suffix('.md')}", flush=True)
     return 0

@@ -76,7 +76,8 @@ def load_steps(name: str, **overrides) -> dict:
 
 def run_step(step, tensors: list[dict], request_id: str = "") -> list[dict]:
     names = {t.name for t in step.inputs}
-    reqs = [Request({k: v for k, v in t.items() if k in names}, request_id=f"{request_id}{i}") for i, t in enumerate(tensors)]
+    reqs = [Request({k: v for k, v in t.items() if k in names}, request_id=f"{request_id}{i}")
+            for i, t in enumerate(tensors)]
     if not step.decoupled:
         outs = step.execute(reqs)
     else:

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
+import numpy as np
 import torch
 
 from triton_omni.diffusion.attention import set_attention
@@ -136,6 +137,10 @@ class VideoDenoiseStep(Step):
     def transformers(self) -> list[torch.nn.Module]:
         raise NotImplementedError
 
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        """Whether a clip also runs an unconditional branch (the pre step tokenizes its negative prompt then)."""
+        raise NotImplementedError
+
     def check(self, clip_inputs: dict) -> None:
         """The model's checks of one request's tensors (condition shape, ...), on the host."""
 
@@ -193,7 +198,12 @@ class VideoDenoiseStep(Step):
         prompt, negative = request.get("prompt_embeds"), request.get("negative_embeds")
         if prompt.shape[0] == 0:
             raise InvalidInput("prompt_embeds", "no prompt embeddings")
-        negative = negative if negative is not None and negative.shape[0] > 0 else None
+        # CFG by the model's rule, not by whether negative tokens came: an empty negative prompt may
+        # have no tokens at all, and then the pipelines guide against zeros (its padding)
+        if not self.uses_cfg(float(settings["guidance_scale"])):
+            negative = None
+        elif negative is None:
+            negative = np.zeros((0, prompt.shape[1]), np.float32)
         for name, embeds in (("prompt_embeds", prompt), ("negative_embeds", negative)):
             if embeds is not None and embeds.shape[1] != self.text_dim:
                 raise InvalidInput(name, f"shape {list(embeds.shape)}: this model takes {self.text_dim} values a token")

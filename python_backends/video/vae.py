@@ -27,6 +27,8 @@ class VideoVaeParams(ServedClips):
     dtype: str = "float32"
     compile: bool = False              # GPU: torch.compile the decode (a new latent shape compiles on first use)
     channels_last: bool = False        # GPU: the 3-D convolutions in channels-last-3d memory format
+    cudnn_benchmark: bool = False      # GPU: cuDNN times its convolution algorithms per shape and keeps the
+                                       #   fastest (this process's setting; the first clip of a size pays for it)
     decode_batch: int = 1              # clips of one shape in one VAE call at most
 
 
@@ -50,6 +52,8 @@ class VideoVaeStep(Step):
         setattr(vae, drop, None)       # the other half is never run here
         self.vae = vae.to(self.device)
         self.cuda = torch.device(self.device).type == "cuda"
+        if self.params.cudnn_benchmark and self.cuda:
+            torch.backends.cudnn.benchmark = True
         if self.params.channels_last and self.cuda:
             self.vae = self.vae.to(memory_format=torch.channels_last_3d)
         self.channels, self.scale, self.temporal = self.latent_layout()
@@ -90,7 +94,8 @@ class VaeDecodeStep(VideoVaeStep):
     def check(self, latents) -> None:
         c, f, h, w = latents.shape
         if c != self.channels:
-            raise InvalidInput("latents", f"shape {list(latents.shape)}: this model's latents have {self.channels} channels")
+            raise InvalidInput("latents", f"shape {list(latents.shape)}: this model's latents have "
+                                          f"{self.channels} channels")
         if f < 1 or h < 1 or w < 1:
             raise InvalidInput("latents", f"shape {list(latents.shape)}: empty")
         check_size(w * self.scale, h * self.scale, self.scale, self.params, field="latents")

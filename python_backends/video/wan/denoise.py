@@ -69,6 +69,9 @@ class WanDenoise(VideoDenoiseStep):
         # latents of the first frame's clip; TI2V replaces frame 0 (z_dim channels); T2V has none
         self.condition_channels = self.transformer.config.in_channels - self.z_dim if not self.expand else self.z_dim
 
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        return guidance_scale > 1.0          # the pipelines' do_classifier_free_guidance
+
     def transformers(self) -> list[torch.nn.Module]:
         return [m for m in (self.transformer, self.transformer_2) if m is not None]
 
@@ -86,16 +89,19 @@ class WanDenoise(VideoDenoiseStep):
         want = (self.condition_channels, 1 if self.expand else f, h, w)
         if condition is None or tuple(condition.shape) != want:
             got = "none" if condition is None else f"shape {list(condition.shape)}"
-            raise InvalidInput("condition", f"{got}: this clip needs the first frame's conditioning, shape {list(want)}")
+            raise InvalidInput("condition", f"{got}: this clip needs the first frame's conditioning, "
+                                            f"shape {list(want)}")
 
     def start(self, clip: Clip) -> None:
         s = clip.inputs
         shape = (1, *self.latent_shape(clip))
         noise = torch.randn(shape, generator=torch.Generator().manual_seed(int(s["seed"])), dtype=torch.float32)
+        # The clip's scheduler stays on the host (its sigmas live there in any case): setting it up
+        # uploads nothing, so admitting a clip never waits for the rounds in flight on the device.
         scheduler = copy.deepcopy(self.scheduler)
-        scheduler.set_timesteps(clip.steps, device=self.device)
+        scheduler.set_timesteps(clip.steps, device="cpu")
         scheduler.set_begin_index(0)
-        timesteps = scheduler.timesteps.cpu().tolist()
+        timesteps = scheduler.timesteps.tolist()
         condition = None if s["condition"] is None else to_torch(s["condition"], self.device, torch.float32)[None]
         token_mask = None
         if self.expand:
@@ -119,12 +125,12 @@ class WanDenoise(VideoDenoiseStep):
 
     def row(self, clip: Clip) -> Row:
         s = clip.state
-        t = s.scheduler.timesteps[clip.launched]
-        if self.expand:
+        t = s.timesteps[clip.launched]
+        if self.expand:        # a timestep per token: the pipeline's (mask * t), made on the device
             x = s.latents if s.condition is None else torch.cat([s.condition, s.latents[:, :, 1:]], dim=2)
             return Row(x.to(self.dtype), (s.token_mask * t)[None], s.prompt)
         x = s.latents if s.condition is None else torch.cat([s.latents, s.condition], dim=1)
-        return Row(x.to(self.dtype), t.expand(1), s.prompt)
+        return Row(x.to(self.dtype), torch.full((1,), t, dtype=torch.int64, device=self.device), s.prompt)
 
     def advance(self, clips: list[Clip]) -> None:
         expert = self.expert(clips[0])
@@ -136,6 +142,7 @@ class WanDenoise(VideoDenoiseStep):
                             scale)
         for clip, pred in zip(clips, preds):
             s = clip.state
+            # UniPC reads its step index (set_begin_index) and host sigmas, not the timestep's value
             s.latents = s.scheduler.step(pred, s.scheduler.timesteps[clip.launched], s.latents, return_dict=False)[0]
             clip.launched += 1
 
