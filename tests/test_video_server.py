@@ -35,10 +35,10 @@ def png(width: int, height: int, seed: int = 0) -> bytes:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_checkpoints):
-    # max_steps 2000: a long clip that costs little (the cancellation test's); one encode process, lossless
+    # max_steps 2000: a long clip that costs little (the cancellation test's); lossless
     # H.264 (crf 0: only 4:2:0 chroma loses anything, the same for every frame)
     with running_server(tmp_path_factory.mktemp("video"), [MODEL],
-                        [f"{MODEL}.max_steps=2000", f"{MODEL}.encode.count=1", f"{MODEL}.encode.crf=0"]) as s:
+                        [f"{MODEL}.max_steps=2000", f"{MODEL}.encode.crf=0"]) as s:
         yield s
 
 
@@ -161,6 +161,25 @@ def test_a_cancelled_clip_frees_its_slot(server):
     assert other_still_running, "the third clip got no slot before a long clip ended"
     assert settled_metric(server, "clips_cancelled", cancelled + 2) == cancelled + 2
     assert settled_metric(server, "active_clips", 0) == 0
+
+
+def test_the_cli_draws_progress_and_writes_the_mp4(server, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "clips" / "waves.mp4"
+    run = subprocess.run([sys.executable, "-m", "triton_omni.client", "video", "--url", server.grpc_url, "--model", MODEL,
+                          "waves at dusk", "--size", "64x32", "--frames", "5", "--fps", "8", "--steps", "10",
+                          "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "10/10 steps" in run.stderr and f"wrote {out}" in run.stderr, run.stderr   # a log line per tenth
+    assert decode_video(out.read_bytes()).frames.shape == (5, 32, 64, 3)
+    bad = subprocess.run([sys.executable, "-m", "triton_omni.client", "video", "--url", server.grpc_url, "--model",
+                          MODEL, "x", "--size", "64x32", "--frames", "6"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 1 and "field 'num_frames'" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
 
 # -- the OpenAI-compatible proxy's /v1/videos, with the openai SDK -----------------------------------

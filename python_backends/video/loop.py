@@ -147,7 +147,7 @@ class DenoiseLoop:
             if now - t > WATCH_WAIT_S:
                 del self.watchers[rid]
                 for s in sinks:
-                    s.send({}, final=True)
+                    self._send(s, {}, final=True)
 
     def _arrive(self, clip: Clip, now: float) -> None:
         self.stats.clips_started += 1
@@ -166,7 +166,7 @@ class DenoiseLoop:
         for clip in clips:
             clip.cancelled = True           # dropped at the next round's check
         for sink in self.watchers.pop(request_id, (0, []))[1]:
-            sink.send({}, final=True)
+            self._send(sink, {}, final=True)
         if not clips:
             self.aborted[request_id] = now
 
@@ -175,12 +175,12 @@ class DenoiseLoop:
         if clips:
             clips[0].watchers.append(sink)
             if clips[0].done:
-                sink.send({"progress": self._progress(clips[0])})
+                self._send(sink, {"progress": self._progress(clips[0])})
         elif request_id in self.finished:
             _, done, steps = self.finished[request_id]
-            sink.send({"progress": np.array([done, steps], np.int32)}, final=True)
+            self._send(sink, {"progress": np.array([done, steps], np.int32)}, final=True)
         elif request_id in self.aborted:
-            sink.send({}, final=True)
+            self._send(sink, {}, final=True)
         else:
             self.watchers.setdefault(request_id, (now, []))[1].append(sink)
 
@@ -204,17 +204,17 @@ class DenoiseLoop:
         self._remove(clip)
         clip.cancelled = True
         self.stats.clips_cancelled += 1
-        clip.sink.error(Cancelled("request cancelled"))
+        self._send(clip.sink, Cancelled("request cancelled"))
         for sink in clip.watchers:
-            sink.send({}, final=True)
+            self._send(sink, {}, final=True)
 
     def _fail(self, clip: Clip, exc: BaseException) -> None:
         self._remove(clip)
         clip.cancelled = True               # out of every later round
         self.stats.clips_failed += 1
-        clip.sink.error(exc)
+        self._send(clip.sink, exc)
         for sink in clip.watchers:
-            sink.send({}, final=True)
+            self._send(sink, {}, final=True)
 
     def _admit(self) -> None:
         while self.waiting and len(self.active) < self.max_clips:
@@ -280,7 +280,7 @@ class DenoiseLoop:
             progress = self._progress(clip)
             last = clip.done == clip.steps
             for sink in clip.watchers:
-                sink.send({"progress": progress}, final=last)
+                self._send(sink, {"progress": progress}, final=last)
             if last:
                 try:
                     outputs = self.model.result(clip)
@@ -291,7 +291,17 @@ class DenoiseLoop:
                 self.stats.clips_finished += 1
                 if clip.request_id:
                     self.finished[clip.request_id] = (time.monotonic(), clip.done, clip.steps)
-                clip.sink.send(outputs, final=True)
+                self._send(clip.sink, outputs, final=True)
+
+    def _send(self, sink: ResponseSink, outputs: dict | BaseException, final: bool = True) -> None:
+        """A response, or an error (final); a stream that is gone (its client left) fails alone, never the round."""
+        try:
+            if isinstance(outputs, BaseException):
+                sink.error(outputs)
+            else:
+                sink.send(outputs, final=final)
+        except Exception as exc:  # noqa: BLE001
+            self.log(f"video denoise loop: a response could not be sent: {exc!r}")
 
     @staticmethod
     def _progress(clip: Clip) -> np.ndarray:

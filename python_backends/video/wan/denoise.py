@@ -158,3 +158,8 @@ class WanDenoise(VideoDenoiseStep):
 class WanImageDenoise(WanDenoise):
     """The models that take a first frame (TI2V-5B: optional, I2V-A14B: required)."""
     inputs = (*WanDenoise.inputs, CONDITION_IN)
+
+    def input_limits(self) -> dict:
+        side = self.params.max_side // self.scale
+        frames = 1 if self.expand else (self.params.max_frames - 1) // self.temporal + 1
+        return {**super().input_limits(), "condition": (self.condition_channels, frames, side, side)}
