@@ -30,7 +30,7 @@ from torch import nn
 from triton_omni.asr.attention import packed_attention
 from triton_omni.asr.features import whisper_log_mel
 from triton_omni.media.audio_signal import mel_filters
-from triton_omni.models.loader import checkpoint_tensors, load_weights
+from triton_omni.models.loader import load_weights
 
 MEL_EXTRA = 4          # padded mel frames after a clip that its last conv outputs read
 
@@ -126,6 +126,10 @@ class Projector(nn.Module):
 class HiggsAudioEncoder(nn.Module):
     """Clips (16 kHz float, at most 30 s) -> each clip's prompt embeddings, packed [sum of audio_tokens, text_hidden]."""
 
+    # the decoder's and the audio-output parts of the checkpoint (models/llama.py's HiggsAudioDecoder reads the decoder)
+    skip_prefixes = ("embed_tokens.", "layers.", "norm.", "audio_decoder_proj.", "audio_codebook_embeddings.",
+                     "audio_out_embed_projector.")
+
     def __init__(self, config: HiggsAudioEncoderConfig):
         super().__init__()
         self.config = config
@@ -171,8 +175,7 @@ class HiggsAudioEncoder(nn.Module):
             model = cls(config)
         model = model.to_empty(device="cpu")
         model.mel_filters.copy_(torch.from_numpy(mel_filters(16000, 400, config.num_mel_bins, 0.0, 8000.0)))
-        tensors = ((n, t) for n, t in checkpoint_tensors(folder) if n.startswith(("audio_tower.", "audio_encoder_proj.")))
-        load_weights(model, folder, tensors)
+        load_weights(model, folder)
         model = model.to(device=device)
         for p in model.parameters():
             p.data = p.data.to(dtype)
