@@ -33,7 +33,6 @@ def tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from triton_omni.converters.tiny_asr import ASR_CORPUS
     from triton_omni.converters.tiny_common import CORPUS
 
     bpe = Tokenizer(models.BPE())
@@ -43,7 +42,7 @@ def tokenizer():
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     prompts = ["What words do you hear from the provided audio? Write it down for me.", "Translate the speech into English.",
                "user", "assistant", "system"]
-    bpe.train_from_iterator((CORPUS + ASR_CORPUS + prompts) * 4, trainer)
+    bpe.train_from_iterator((CORPUS + prompts) * 4, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
                                    pad_token="<|end_of_text|>", additional_special_tokens=SPECIAL[2:])
 

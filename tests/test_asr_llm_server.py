@@ -169,3 +169,17 @@ def test_sdk_errors_name_the_field(sdk, speech):
     with pytest.raises(openai.BadRequestError) as e:
         sdk.audio.translations.create(model=MODEL, file=("p.wav", speech["short"], "audio/wav"))
     assert e.value.body["param"] == "model" and "does not translate" in e.value.body["message"]
+
+
+def test_long_audio_in_segments_in_order(client, sdk, speech):
+    """Two sentences 32 s apart: two segments (the silence between them is never encoded), each its own
+    sequence on the engine; the streamed pieces join to the text without streaming, segment by segment."""
+    first, _ = audio.decode(speech["short"], RATE)
+    second, _ = audio.decode(speech["sentence"], RATE)
+    wave = np.concatenate([first, np.zeros(32 * RATE, np.float32), second])
+    data = audio.encode(wave, RATE, "wav")
+    result = client.transcribe(MODEL, data, language="en")
+    assert len(result.segments) == 2 and result.segments[0]["end"] < 5 < 32 < result.segments[1]["start"]
+    assert result.text == " ".join(s["text"] for s in result.segments if s["text"])
+    streamed = "".join(client.stream(MODEL, data, language="en"))
+    assert streamed == result.text
