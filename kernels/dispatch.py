@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from triton_omni.kernels import attention_reference, gated_delta_reference, norms_reference
+from triton_omni.kernels import attention_reference, gated_delta_reference, moe_reference, norms_reference
 
 # ------------------------------------------------------------------ switches (read once, at import)
 
@@ -69,8 +69,8 @@ def routed(module: str, kernel: str | None = None, applies=None):
     return wrap
 
 
-NORMS, DECODE_MATMUL, ATTENTION, GATED_DELTA = (
-    f"triton_omni.kernels.{family}" for family in ("norms", "decode_matmul", "attention", "gated_delta"))
+NORMS, DECODE_MATMUL, ATTENTION, GATED_DELTA, MOE = (
+    f"triton_omni.kernels.{family}" for family in ("norms", "decode_matmul", "attention", "gated_delta", "moe"))
 
 rms_norm = routed(NORMS)(norms_reference.rms_norm)
 silu_and_mul = routed(NORMS)(norms_reference.silu_and_mul)
@@ -80,6 +80,8 @@ paged_decode_attention = routed(ATTENTION)(attention_reference.paged_decode_atte
 causal_conv1d_prefill = routed(GATED_DELTA)(gated_delta_reference.causal_conv1d_prefill)
 causal_conv1d_update = routed(GATED_DELTA)(gated_delta_reference.causal_conv1d_update)
 gated_delta_decode = routed(GATED_DELTA)(gated_delta_reference.gated_delta_decode)
+# a sparse MoE block after its router matmul: routing, the experts, the shared expert (kernels/moe.py)
+sparse_moe = routed(MOE)(moe_reference.sparse_moe)
 
 
 def _one_16bit_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -115,6 +117,12 @@ def norm_linear(x, residual, norm_weight, eps, zero_centered, weight, bias=None)
         return linear(rms_norm(x, norm_weight, eps, None, zero_centered), weight, bias), x
     h, residual = rms_norm(x, norm_weight, eps, residual, zero_centered)
     return linear(h, weight, bias), residual
+
+
+def folds_norm(x, norm_weight, weight) -> bool:
+    """Whether norm_linear(x, ...) with these weights folds the norm into its matmul on this call (so a
+    caller that needs the normalised input too can leave the norm to the next kernel as well)."""
+    return _enabled and x.is_cuda and _norm_folds(x, None, norm_weight, 0.0, False, weight)
 
 
 def delta_rule_kernel(device) -> bool:

@@ -1,6 +1,7 @@
 """Pick and load the engine's model class for a Hugging Face checkpoint folder."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 from pathlib import Path
 
@@ -15,6 +16,9 @@ MODELS = {
     "qwen3": ("triton_omni.models.qwen3", "Qwen3ForCausalLM"),
     "qwen3_5": ("triton_omni.models.qwen3_5", "Qwen3_5ForCausalLM"),
     "qwen3_5_text": ("triton_omni.models.qwen3_5", "Qwen3_5ForCausalLM"),
+    "qwen3_moe": ("triton_omni.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "qwen3_5_moe": ("triton_omni.models.qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
+    "qwen3_5_moe_text": ("triton_omni.models.qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
     "llama": ("triton_omni.models.llama", "LlamaForCausalLM"),
 }
 
@@ -32,14 +36,26 @@ def text_config(folder: str | Path):
     return text, config.model_type
 
 
-def build_causal_lm(folder: str | Path, device: str | torch.device) -> nn.Module:
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None):
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or saved)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def build_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.dtype | None = None) -> nn.Module:
     """The model class for the folder's config.json, built on `device` with uninitialised weights (on
-    the meta device: no memory, which is how the converter checks a checkpoint's tensors)."""
+    the meta device: no memory, which is how the converter checks a checkpoint's tensors), its
+    parameters in `dtype` from the start (a 30B MoE built in fp32 first would need 120 GB of memory
+    to hold 60 GB of bf16 weights; rotary tables are fp32 either way)."""
     config, model_type = text_config(folder)
     if model_type not in MODELS:
         raise ValueError(f"{folder}: model_type {model_type!r} is not supported; supported: {sorted(MODELS)}")
     module, name = MODELS[model_type]
-    with torch.device(device):
+    with torch.device(device), _default_dtype(dtype):
         return getattr(importlib.import_module(module), name)(config)
 
 
@@ -47,7 +63,7 @@ def load_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.
                    dummy: bool = False) -> nn.Module:
     """The model for a checkpoint folder. `dummy`: random weights from config.json alone (for
     benchmarks of real-size shapes without their weights)."""
-    model = build_causal_lm(folder, device)
+    model = build_causal_lm(folder, device, dtype)
     if dummy:
         with torch.no_grad():
             for n, p in model.named_parameters():
