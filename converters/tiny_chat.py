@@ -1,10 +1,9 @@
 """Tiny random chat checkpoints (Qwen3, Qwen3.5) with the project's ChatML tokenizer (see converters/tiny.py)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from triton_omni.converters.tiny_common import build_tokenizer, randomize
+from triton_omni.converters.tiny_common import chat_builder, randomize
 
 
 def qwen3(out: Path, tokenizer) -> None:
@@ -35,14 +34,4 @@ def qwen3_5(out: Path, tokenizer) -> None:
     model.save_pretrained(str(out))
 
 
-def _chat_builder(make):
-    """A chat checkpoint: the tiny tokenizer, the model, an EOS-aware generation config."""
-    def build(out: Path) -> None:
-        tokenizer = build_tokenizer(out)
-        make(out, tokenizer)
-        gen = {"eos_token_id": [tokenizer.eos_token_id, tokenizer.pad_token_id]}
-        (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    return build
-
-
-BUILDERS: dict = {"qwen3": _chat_builder(qwen3), "qwen3_5": _chat_builder(qwen3_5)}
+BUILDERS: dict = {"qwen3": chat_builder(qwen3), "qwen3_5": chat_builder(qwen3_5)}

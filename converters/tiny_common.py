@@ -47,6 +47,17 @@ def build_tokenizer(out: Path):
     return fast
 
 
+def chat_builder(make):
+    """A chat checkpoint's builder: the tiny tokenizer, the model `make(out, tokenizer)` writes, an
+    EOS-aware generation config."""
+    def build(out: Path) -> None:
+        tokenizer = build_tokenizer(out)
+        make(out, tokenizer)
+        gen = {"eos_token_id": [tokenizer.eos_token_id, tokenizer.pad_token_id]}
+        (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return build
+
+
 def randomize(model: torch.nn.Module, seed: int, std: float = 0.25) -> torch.nn.Module:
     """Seeded weights, norms near 1 and the rest large enough that greedy decoding wanders instead of
     repeating one token, and that different prompts give visibly different hidden states (default
