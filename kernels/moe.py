@@ -435,10 +435,13 @@ def _gemv_down_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, out_ptr, sg_ptr, sgu_ptr
     tl.store(out_ptr + t * H + n, acc.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
-def gemv_config(rows: int, depth: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) of a decode expert matmul with `rows` outputs over `depth` inputs: enough
-    programs to keep every SM streaming, 4-16 KB of weights a tile (as the dense skinny matmuls)."""
-    return (8 if rows >= 512 else 4), min(512, max(16, triton.next_power_of_2(depth)))
+def gemv_config(rows: int, depth: int, copies: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) of a decode expert matmul with `rows` outputs over `depth` inputs, for `copies`
+    programs a row block (pairs for gate/up, tokens for down): 8 rows a program while that still makes
+    512 programs (4 per SM of an H200, as the dense skinny matmuls want), else 4; 8-16 KB of weights a
+    tile. Qwen3-30B-A3B at one token: gate/up 8 rows x 768 programs, down 4 rows x 512."""
+    block_n = 8 if copies * triton.cdiv(rows, 8) >= 512 else 4
+    return block_n, min(512, max(16, triton.next_power_of_2(depth)))
 
 
 def _gemv_moe(x, logits, gate_up, down, top_k, renormalize, norm, shared):
@@ -450,7 +453,7 @@ def _gemv_moe(x, logits, gate_up, down, top_k, renormalize, norm, shared):
     ids = torch.empty((T, top_k), dtype=torch.int32, device=x.device)
     weights = torch.empty((T, top_k), dtype=torch.float32, device=x.device)
     norm_weight, eps, zero_centered = norm if norm is not None else (x, 0.0, False)
-    block_n, block_k = gemv_config(I, H)
+    block_n, block_k = gemv_config(I, H, T * top_k)
     _gemv_gate_up_kernel[(T * top_k, triton.cdiv(I, block_n))](
         x, norm_weight, logits, gate_up, act, ids, weights, H, I, E, eps, x.stride(0), logits.stride(0),
         gate_up.stride(0), gate_up.stride(1), TOP_K=top_k, RENORMALIZE=renormalize, NORM=norm is not None,
@@ -459,7 +462,7 @@ def _gemv_moe(x, logits, gate_up, down, top_k, renormalize, norm, shared):
     out = torch.empty((T, H), dtype=x.dtype, device=x.device)
     gate, shared_gate_up, shared_down = shared if shared is not None else (x, x, down[0])
     IS = shared_down.shape[1]
-    block_n, block_k = gemv_config(H, I)
+    block_n, block_k = gemv_config(H, I, T)
     _gemv_down_kernel[(T, triton.cdiv(H, block_n))](
         act, ids, weights, down, out, gate, shared_gate_up, shared_down, H, I, IS, down.stride(0), down.stride(1),
         gate.stride(0), shared_gate_up.stride(0), shared_down.stride(0), TOP_K=top_k, HAS_SHARED=shared is not None,
