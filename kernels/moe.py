@@ -21,11 +21,13 @@ import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from triton_omni.kernels import dispatch
 from triton_omni.kernels.moe_reference import padded_pairs
+from triton_omni.kernels.norms import rms_norm, silu_and_mul
 from triton_omni.kernels.triton_helpers import FLOATS, norm_scale, silu_mul, use_pdl, wait_for_earlier_kernels
 
 # Shared memory one block may ask for on Hopper (H100 / H200); a kernel asking for more fails at launch on
@@ -491,19 +493,17 @@ def sparse_moe(x: torch.Tensor, logits: torch.Tensor, gate_up: torch.Tensor, dow
         shared = (gate, shared_gate_up, shared_down)
     if T <= GEMV_MAX_TOKENS:
         return _gemv_moe(x, logits, gate_up, down, top_k, renormalize, norm, shared)
-    from triton_omni.kernels.norms import rms_norm, silu_and_mul
-
     h = x if norm is None else rms_norm(x, norm[0], norm[1], None, norm[2])
-    out = torch.empty_like(x)
     step = max(1, MAX_PAIRS_PER_PASS // top_k)
+    passes = []
     for start in range(0, T, step):
         rows = slice(start, start + step)
         weights, ids = route(logits[rows], top_k, renormalize)
         extra = None
         if shared is not None:        # its down matmul on cuBLAS, its gate applied while the pairs are summed
-            extra = (shared[0][rows], torch.nn.functional.linear(silu_and_mul(shared[1][rows]), shared[2]))
-        out[rows] = experts(h[rows], gate_up, down, weights, ids, extra)
-    return out
+            extra = (shared[0][rows], F.linear(silu_and_mul(shared[1][rows]), shared[2]))
+        passes.append(experts(h[rows], gate_up, down, weights, ids, extra))
+    return passes[0] if len(passes) == 1 else torch.cat(passes)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

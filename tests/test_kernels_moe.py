@@ -108,11 +108,11 @@ def moe_case(T, E, k, H, I, IS, dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T", [1, 3, 11])
+@pytest.mark.parametrize("T", [1, 2, 11])
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("IS", [0, 24])
 def test_sparse_moe(dtype, T, norm, IS):
-    """The whole block: 1 and 3 tokens take the decode kernels (routing, norm and shared expert folded
+    """The whole block: 1 and 2 tokens take the decode kernels (routing, norm and shared expert folded
     in), 11 the grouped path; both against the reference."""
     E, k, H, I = 8, 2, 48, 24
     x, logits, gate_up, down, shared, nw = moe_case(T, E, k, H, I, IS, dtype, seed=4 + T)

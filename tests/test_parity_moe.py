@@ -79,7 +79,7 @@ def pair(request, tmp_path_factory):
 
 
 def test_prefill_and_decode_logits(pair):
-    """Four prompts packed in one prefill, then three decode steps of all four at once, against
+    """Four prompts packed in one prefill, then two decode steps of all four at once, against
     transformers' full forward of each grown sequence; the experts' loads are uneven."""
     hf, _, ours = pair
     seqs = prompts(seed=2)
@@ -90,7 +90,7 @@ def test_prefill_and_decode_logits(pair):
         torch.testing.assert_close(logits[start:start + len(s)], hf_logits(hf, s), atol=1e-4, rtol=1e-4)
         start += len(s)
     gen = torch.Generator().manual_seed(3)
-    for _ in range(3):
+    for _ in range(2):
         for s in seqs:
             s.append(int(torch.randint(0, VOCAB, (1,), generator=gen)))
         ref = torch.stack([hf_logits(hf, s)[-1] for s in seqs])
@@ -110,8 +110,8 @@ def test_greedy_generation_continuous_batching(pair):
     seqs = prompts(seed=4)[:3]
     engine = LLMEngine(ours, EngineConfig(max_num_seqs=4, max_model_len=128), "cpu", torch.float32,
                        eos_token_ids=[], vocab_size=VOCAB)
-    outs = engine.generate(seqs, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    assert outs == [hf_greedy(hf, p, 12) for p in seqs]
+    outs = engine.generate(seqs, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    assert outs == [hf_greedy(hf, p, 10) for p in seqs]
     assert engine.stats.max_decode_batch == 3
     assert all(len(set(o)) > 3 for o in outs), "degenerate outputs: the random weights are too weak"
 
@@ -173,15 +173,16 @@ def test_expert_tensors_out_of_place_or_missing_fail_by_name(pair):
 
 @pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 def test_decode_through_the_moe_kernels(pair, monkeypatch):
-    """The model's MoE blocks through the Triton kernels (the interpreter on a CPU) instead of the torch
-    path: the router's merged projection, the shared expert's views and the norm as the engine hands
-    them, at one token (the decode kernels) and at four prompts (the grouped path)."""
+    """Qwen3.5-MoE's blocks through the Triton kernels (the interpreter on a CPU) instead of the torch
+    path: the router's merged projection, the shared expert's views and the zero-centred norm as the
+    model hands them, at one token (the decode kernels) and at two prompts (the grouped path)."""
     moe = pytest.importorskip("triton_omni.kernels.moe")
     hf, _, ours = pair
+    if not isinstance(hf, Qwen3_5MoeForCausalLM):
+        pytest.skip("the Qwen3.5-MoE block covers Qwen3-MoE's (no shared expert) too; the interpreter is slow")
     monkeypatch.setattr(dispatch, "sparse_moe", moe.sparse_moe)
-    seqs = prompts(seed=5)
-    seqs = [s[:8] for s in seqs]
-    cache = ManualCache(ours, state_slots=[0, 1, 2, 3])
+    seqs = [s[:6] for s in prompts(seed=5)[:2]]
+    cache = ManualCache(ours, state_slots=[0, 1])
     logits = cache.prefill(seqs)
     ends = torch.tensor([len(s) for s in seqs]).cumsum(0) - 1
     torch.testing.assert_close(logits[ends], torch.stack([hf_logits(hf, s)[-1] for s in seqs]), atol=1e-4, rtol=1e-4)
