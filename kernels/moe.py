@@ -344,14 +344,22 @@ def experts(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights:
 # --------------------------------------------------------------------------------------------------
 #
 # At a few tokens a grouped matmul would be a handful of long programs; here, as in the dense decode
-# matmuls (kernels/decode_matmul.py), many short programs each stream a few whole weight rows.
+# matmuls (kernels/decode_matmul.py), many short programs each stream a few whole weight rows, every
+# load of a program issued at once (one loop trip at the real shapes: a loop of dependent loads would
+# wait a memory latency a trip, and nothing pipelines loads that feed no tl.dot).
 # gate/up, program (pair p = t * k + slot, n): recomputes token t's routing from its logits (E numbers:
 # nothing next to the weights it reads; program n = 0 writes the ids and weights for the down kernel),
 # forms the input's RMSNorm on the fly when given the pre-norm hidden state (as skinny_norm_linear
-# does), and writes silu(gate) * up for BLOCK_N rows. down, program (t, n): BLOCK_N output rows summed
-# over the token's k experts (each weight read once), plus the shared expert, gated, when there is one.
-# The routing and the norm then cost no launch of their own, so a decode step's MoE block is the
+# does), and writes silu(gate) * up for BLOCK_N rows. down, program (t, n): BLOCK_N output rows of all
+# the token's k experts at once (a [k, BLOCK_N, I] tile), plus the shared expert, gated, when there is
+# one. The routing and the norm then cost no launch of their own, so a decode step's MoE block is the
 # router matmul (norm folded) and these two kernels.
+
+# weights one decode program loads at a time (8K: 64 a thread in 4 warps, as the skinny matmuls at K = 2048),
+# and the most inputs one loop trip covers
+GEMV_TILE = 8192
+GEMV_MAX_DEPTH = 2048
+
 
 @triton.jit
 def _gemv_gate_up_kernel(x_ptr, nw_ptr, logits_ptr, w_ptr, act_ptr, ids_ptr, wts_ptr, H, I, E, eps,
@@ -374,6 +382,14 @@ def _gemv_gate_up_kernel(x_ptr, nw_ptr, logits_ptr, w_ptr, act_ptr, ids_ptr, wts
         tl.store(wts_ptr + p, tl.sum(tl.sum(tl.where(mine, weights, 0.0), axis=1), axis=0))
     x_row = x_ptr + t * stride_xt
     k = tl.arange(0, BLOCK_K)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < I
+    g_rows = w_ptr + e.to(tl.int64) * stride_we + n[:, None].to(tl.int64) * stride_wn
+    u_rows = g_rows + I * stride_wn
+    # the first weight tile (at the real shapes all of it) is in flight while the norm reads the row
+    wmask = nmask[:, None] & (k < H)[None, :]
+    g = tl.load(g_rows + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+    u = tl.load(u_rows + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
     rstd = 1.0
     if NORM:
         squares = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -381,22 +397,21 @@ def _gemv_gate_up_kernel(x_ptr, nw_ptr, logits_ptr, w_ptr, act_ptr, ids_ptr, wts
             xk = tl.load(x_row + k0 + k, mask=k0 + k < H, other=0.0).to(tl.float32)
             squares += xk * xk
         rstd = tl.rsqrt(tl.sum(squares, axis=0) / H + eps)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < I
-    g_rows = w_ptr + e.to(tl.int64) * stride_we + n[:, None].to(tl.int64) * stride_wn
-    u_rows = g_rows + I * stride_wn
     part_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     part_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
         kmask = k0 + k < H
+        if k0 > 0:
+            wmask = nmask[:, None] & kmask[None, :]
+            g = tl.load(g_rows + k0 + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+            u = tl.load(u_rows + k0 + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
         xk = tl.load(x_row + k0 + k, mask=kmask, other=0.0)
         if NORM:       # rounded as rms_norm rounds its output
             nw = tl.load(nw_ptr + k0 + k, mask=kmask, other=0.0).to(tl.float32)
             xk = norm_scale(xk.to(tl.float32) * rstd, nw, xk.dtype, ZERO_CENTERED).to(xk.dtype)
-        wmask = nmask[:, None] & kmask[None, :]
         xf = xk.to(tl.float32)[None, :]
-        part_g += tl.load(g_rows + k0 + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32) * xf
-        part_u += tl.load(u_rows + k0 + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32) * xf
+        part_g += g.to(tl.float32) * xf
+        part_u += u.to(tl.float32) * xf
     dtype = act_ptr.dtype.element_ty
     act = silu_mul(tl.sum(part_g, axis=1).to(dtype), tl.sum(part_u, axis=1).to(dtype))
     tl.store(act_ptr + p.to(tl.int64) * I + n, act, mask=nmask)
@@ -405,45 +420,51 @@ def _gemv_gate_up_kernel(x_ptr, nw_ptr, logits_ptr, w_ptr, act_ptr, ids_ptr, wts
 @triton.jit
 def _gemv_down_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, out_ptr, sg_ptr, sgu_ptr, sw_ptr, H, I, IS,
                       stride_we, stride_wn, stride_sg, stride_sgu, stride_swn,
-                      TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      BLOCK_KS: tl.constexpr, USE_PDL: tl.constexpr):
+                      TOP_K: tl.constexpr, BLOCK_TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, BLOCK_KS: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_earlier_kernels(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < H
+    slot = tl.arange(0, BLOCK_TOPK)
+    smask = slot < TOP_K
+    pairs = t * TOP_K + slot
+    experts = tl.load(ids_ptr + pairs, mask=smask, other=0).to(tl.int64)
+    weights = tl.load(wts_ptr + pairs, mask=smask, other=0.0)
+    rows = w_ptr + experts[:, None, None] * stride_we + n[None, :, None].to(tl.int64) * stride_wn   # [k, BLOCK_N, 1]
     k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in range(TOP_K):
-        p = t * TOP_K + j
-        rows = w_ptr + tl.load(ids_ptr + p).to(tl.int64) * stride_we + n[:, None].to(tl.int64) * stride_wn
-        part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            kmask = k0 + k < I
-            a = tl.load(act_ptr + p * I + k0 + k, mask=kmask, other=0.0).to(tl.float32)
-            part += tl.load(rows + k0 + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
-                            eviction_policy="evict_first").to(tl.float32) * a[None, :]
-        acc += tl.load(wts_ptr + p) * tl.sum(part, axis=1)
+    for k0 in range(0, I, BLOCK_K):
+        kmask = k0 + k < I
+        w = tl.load(rows + k0 + k[None, None, :], mask=smask[:, None, None] & nmask[None, :, None] & kmask[None, None, :],
+                    other=0.0, eviction_policy="evict_first")
+        a = tl.load(act_ptr + pairs[:, None] * I + k0 + k[None, :], mask=smask[:, None] & kmask[None, :], other=0.0)
+        a = a.to(tl.float32) * weights[:, None]                      # each pair's activation times its weight
+        acc += tl.sum(tl.sum(w.to(tl.float32) * a[:, None, :], axis=2), axis=0)
     if HAS_SHARED:
         ks = tl.arange(0, BLOCK_KS)
         rows = sw_ptr + n[:, None].to(tl.int64) * stride_swn
         part = tl.zeros([BLOCK_N, BLOCK_KS], dtype=tl.float32)
         for k0 in range(0, IS, BLOCK_KS):
             kmask = k0 + ks < IS
+            w = tl.load(rows + k0 + ks[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
+                        eviction_policy="evict_first")
             gate = tl.load(sgu_ptr + t * stride_sgu + k0 + ks, mask=kmask, other=0.0)
             a = silu_mul(gate, tl.load(sgu_ptr + t * stride_sgu + IS + k0 + ks, mask=kmask, other=0.0))
-            part += tl.load(rows + k0 + ks[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
-                            eviction_policy="evict_first").to(tl.float32) * a.to(tl.float32)[None, :]
+            part += w.to(tl.float32) * a.to(tl.float32)[None, :]
         acc += tl.sigmoid(tl.load(sg_ptr + t * stride_sg).to(tl.float32)) * tl.sum(part, axis=1)
     tl.store(out_ptr + t * H + n, acc.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
-def gemv_config(rows: int, depth: int, copies: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) of a decode expert matmul with `rows` outputs over `depth` inputs, for `copies`
-    programs a row block (pairs for gate/up, tokens for down): 8 rows a program while that still makes
-    512 programs (4 per SM of an H200, as the dense skinny matmuls want), else 4; 8-16 KB of weights a
-    tile. Qwen3-30B-A3B at one token: gate/up 8 rows x 768 programs, down 4 rows x 512."""
-    block_n = 8 if copies * triton.cdiv(rows, 8) >= 512 else 4
-    return block_n, min(512, max(16, triton.next_power_of_2(depth)))
+def gemv_config(rows: int, depth: int, slots: int = 1) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) of a decode expert matmul over `depth` inputs, whose programs each load
+    `slots` weight rows per output row (2 for gate/up, k for down): the whole depth in one tile up to
+    2048, and as many rows as keep the tile at GEMV_TILE weights (at least 1, at most 8 or `rows`).
+    Qwen3-30B-A3B at one token: gate/up 2 rows (x gate and up) x 2048 a program, 3,072 programs; down
+    8 experts x 1 row x 1024 (768 used), 2,048 programs."""
+    block_k = min(GEMV_MAX_DEPTH, max(16, triton.next_power_of_2(depth)))
+    block_n = max(1, min(8, triton.next_power_of_2(rows), GEMV_TILE // (slots * block_k)))
+    return block_n, block_k
 
 
 def _gemv_moe(x, logits, gate_up, down, top_k, renormalize, norm, shared):
@@ -455,7 +476,7 @@ def _gemv_moe(x, logits, gate_up, down, top_k, renormalize, norm, shared):
     ids = torch.empty((T, top_k), dtype=torch.int32, device=x.device)
     weights = torch.empty((T, top_k), dtype=torch.float32, device=x.device)
     norm_weight, eps, zero_centered = norm if norm is not None else (x, 0.0, False)
-    block_n, block_k = gemv_config(I, H, T * top_k)
+    block_n, block_k = gemv_config(I, H, 2)
     _gemv_gate_up_kernel[(T * top_k, triton.cdiv(I, block_n))](
         x, norm_weight, logits, gate_up, act, ids, weights, H, I, E, eps, x.stride(0), logits.stride(0),
         gate_up.stride(0), gate_up.stride(1), TOP_K=top_k, RENORMALIZE=renormalize, NORM=norm is not None,
@@ -464,12 +485,13 @@ def _gemv_moe(x, logits, gate_up, down, top_k, renormalize, norm, shared):
     out = torch.empty((T, H), dtype=x.dtype, device=x.device)
     gate, shared_gate_up, shared_down = shared if shared is not None else (x, x, down[0])
     IS = shared_down.shape[1]
-    block_n, block_k = gemv_config(H, I, T)
+    block_topk = triton.next_power_of_2(top_k)
+    block_n, block_k = gemv_config(H, min(I, GEMV_MAX_DEPTH // 2), block_topk)
     _gemv_down_kernel[(T, triton.cdiv(H, block_n))](
         act, ids, weights, down, out, gate, shared_gate_up, shared_down, H, I, IS, down.stride(0), down.stride(1),
-        gate.stride(0), shared_gate_up.stride(0), shared_down.stride(0), TOP_K=top_k, HAS_SHARED=shared is not None,
-        BLOCK_N=block_n, BLOCK_K=min(block_k, 256), BLOCK_KS=min(256, max(16, triton.next_power_of_2(IS))),
-        USE_PDL=pdl, num_warps=4, launch_pdl=pdl)
+        gate.stride(0), shared_gate_up.stride(0), shared_down.stride(0), TOP_K=top_k, BLOCK_TOPK=block_topk,
+        HAS_SHARED=shared is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_KS=min(GEMV_MAX_DEPTH // 2, max(16, triton.next_power_of_2(IS))), USE_PDL=pdl, num_warps=4, launch_pdl=pdl)
     return out
 
 

@@ -130,6 +130,16 @@ def test_sparse_moe_decode_zero_centered_norm_no_renormalisation():
     close(out, reference.sparse_moe(x, logits, gate_up, down, 3, False, norm, None), MOE_TOL[torch.float32])
 
 
+def test_sparse_moe_decode_loops_over_the_depth(monkeypatch):
+    """The decode kernels where a row is deeper than one loop trip (at the real shapes one trip covers
+    it): gate/up over H = 48 in trips of 32, down over I = 40 and the shared expert's 24 in trips of 16."""
+    monkeypatch.setattr(ops, "GEMV_MAX_DEPTH", 32)
+    x, logits, gate_up, down, shared, nw = moe_case(1, 8, 2, 48, 40, 24, torch.float32, seed=13)
+    norm = (nw, 1e-6, False)
+    out = ops.sparse_moe(x, logits, gate_up, down, 2, True, norm, shared)
+    close(out, reference.sparse_moe(x, logits, gate_up, down, 2, True, norm, shared), MOE_TOL[torch.float32])
+
+
 def test_sparse_moe_in_passes_equals_one_pass(monkeypatch):
     """A long prefill is cut into passes of MAX_PAIRS_PER_PASS pairs: the same result as one pass."""
     x, logits, gate_up, down, shared, _ = moe_case(13, 8, 2, 32, 16, 16, torch.float32, seed=10)

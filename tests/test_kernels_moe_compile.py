@@ -56,13 +56,14 @@ block_t, block_e = moe.route_config(512)
 out["route"] = (shared_bytes(moe._route_kernel, dict(TOP_K=10, RENORMALIZE=True, BLOCK_T=block_t, BLOCK_E=block_e,
                                                      BLOCK_K=16), fp32=("w_ptr",), num_warps=4), moe.route_shared_memory(512))
 out["align"] = (shared_bytes(moe._align_kernel, dict(BLOCK_M=16, BLOCK_E=256, CHUNK=moe.ALIGN_CHUNK), num_warps=4), None)
-n, kk = moe.gemv_config(512, 2048, 8)
+n, kk = moe.gemv_config(512, 2048, 2)
 out["gemv gate_up"] = (shared_bytes(moe._gemv_gate_up_kernel, dict(
     TOP_K=8, RENORMALIZE=True, NORM=True, ZERO_CENTERED=True, BLOCK_N=n, BLOCK_K=kk, BLOCK_E=256, BLOCK_TOPK=8,
     USE_PDL=True), fp32=("wts_ptr",), num_warps=4), None)
-n, kk = moe.gemv_config(2048, 512, 1)
-out["gemv down"] = (shared_bytes(moe._gemv_down_kernel, dict(TOP_K=8, HAS_SHARED=True, BLOCK_N=n, BLOCK_K=min(kk, 256),
-                                                            BLOCK_KS=256, USE_PDL=True), fp32=("wts_ptr",), num_warps=4), None)
+n, kk = moe.gemv_config(2048, 512, 8)
+out["gemv down"] = (shared_bytes(moe._gemv_down_kernel, dict(TOP_K=8, BLOCK_TOPK=8, HAS_SHARED=True, BLOCK_N=n,
+                                                            BLOCK_K=kk, BLOCK_KS=512, USE_PDL=True), fp32=("wts_ptr",),
+                                 num_warps=4), None)
 out["sum pairs"] = (shared_bytes(moe._sum_pairs_kernel, dict(TOP_K=8, HAS_SHARED=True, BLOCK_H=1024), num_warps=4), None)
 print(json.dumps(out))
 '''
