@@ -36,7 +36,8 @@ HOPPER_SHARED_MEMORY = 232_448
 # Up to this many tokens the experts stream their weights once per (token, slot) pair (decode); past it
 # the pairs are grouped by expert so that each expert's weights are read once per row tile. Two tokens
 # with k = 8 of 128 experts share an expert rarely; at 8 tokens (64 pairs) the grouped matmuls read
-# ~25% fewer weights (a guess to be timed on the GPU: perf_analyzer_configs/benchmarks/bench_ar_decode.py).
+# ~25% fewer weights. Not timed yet: perf_analyzer_configs/benchmarks/bench_moe.py times both paths
+# around it on the GPU.
 GEMV_MAX_TOKENS = 4
 # tokens per grouped pass: the pairs' activations and outputs ([T * k, I] and [T * k, H] in the model
 # dtype) are kept for one pass at a time (4,096 tokens with k = 8 and H = 2048: 134 MB of outputs)
