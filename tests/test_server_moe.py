@@ -50,3 +50,12 @@ def test_concurrent_streams_equal_one_by_one(server):
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         together = list(pool.map(lambda p: chat(server, p)[0], PROMPTS))
     assert together == one_by_one
+
+
+def test_bad_sampling_fails_that_request_only(server):
+    """The MoE ensembles are the chat steps on another checkpoint: bad input is refused by name, and
+    the model serves the next request."""
+    client = ChatClient(server.grpc_url, timeout_s=60)
+    with pytest.raises(Exception, match=r"field 'sampling_parameters.max_tokens': must be > 0"):
+        list(client.stream(MODEL, messages=[{"role": "user", "content": "hi"}], sampling={"max_tokens": 0}))
+    assert chat(server, PROMPTS[1])[1][-1].completion_tokens == 16
