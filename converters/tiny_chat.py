@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from triton_omni.converters.tiny_common import chat_builder, randomize
+from triton_omni.converters.tiny_common import chat_builder, quiet_markers, randomize
 
 
 def qwen3(out: Path, tokenizer) -> None:
@@ -15,6 +15,7 @@ def qwen3(out: Path, tokenizer) -> None:
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model = Qwen3ForCausalLM(config)
     randomize(model, seed=3, std=0.25)
+    quiet_markers(model, tokenizer)
     model.save_pretrained(str(out))
 
 
@@ -31,6 +32,7 @@ def qwen3_5(out: Path, tokenizer) -> None:
                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model = Qwen3_5ForCausalLM(config)
     randomize(model, seed=35, std=0.25)
+    quiet_markers(model, tokenizer)
     model.save_pretrained(str(out))
 
 

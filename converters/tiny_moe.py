@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from triton_omni.converters.tiny_common import chat_builder, randomize
+from triton_omni.converters.tiny_common import chat_builder, quiet_markers, randomize
 
 EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 
@@ -17,7 +17,9 @@ def qwen3_moe(out: Path, tokenizer) -> None:
                             norm_topk_prob=True, tie_word_embeddings=True,
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **EXPERTS)
-    randomize(Qwen3MoeForCausalLM(config), seed=30, std=0.25).save_pretrained(str(out))
+    model = randomize(Qwen3MoeForCausalLM(config), seed=30, std=0.25)
+    quiet_markers(model, tokenizer)
+    model.save_pretrained(str(out))
 
 
 def qwen3_5_moe(out: Path, tokenizer) -> None:
@@ -31,7 +33,9 @@ def qwen3_5_moe(out: Path, tokenizer) -> None:
                                   rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                                                    "partial_rotary_factor": 0.25},
                                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **EXPERTS)
-    randomize(Qwen3_5MoeForCausalLM(config), seed=36, std=0.25).save_pretrained(str(out))
+    model = randomize(Qwen3_5MoeForCausalLM(config), seed=36, std=0.25)
+    quiet_markers(model, tokenizer)
+    model.save_pretrained(str(out))
 
 
 BUILDERS: dict = {"qwen3_moe": chat_builder(qwen3_moe), "qwen3_5_moe": chat_builder(qwen3_5_moe)}
