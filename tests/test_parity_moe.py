@@ -190,3 +190,11 @@ def test_decode_through_the_moe_kernels(pair, monkeypatch):
     one.prefill(seqs[:1])
     seqs[0].append(7)
     torch.testing.assert_close(one.decode(seqs[:1]), hf_logits(hf, seqs[0])[-1:], atol=1e-4, rtol=1e-4)
+
+
+def test_fp8_weights_are_refused_by_name(pair):
+    """FP8 weights (models/quant.py) cover the dense projections only: a MoE model refuses them, naming
+    the parameter, instead of serving its experts and router half converted."""
+    _, folder, _ = pair
+    with pytest.raises(ValueError, match="parameter 'quantization': fp8 is not supported for mixture-of-experts"):
+        load_causal_lm(folder, "cpu", torch.bfloat16, quantization="fp8")
