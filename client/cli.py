@@ -5,7 +5,7 @@
     python -m triton_omni.client transcribe --model omniasr_ctc speech.mp3 --format srt -o speech.srt
     python -m triton_omni.client image --model z_image_turbo "a red fox" --size 512x512 -o fox.png
     python -m triton_omni.client edit --model flux2_klein --image fox.png "make it blue" -o blue.png
-    python -m triton_omni.client video --model wan "waves at dusk" --seconds 2 -o waves.mp4
+    python -m triton_omni.client video --model wan2_2_ti2v "waves at dusk" --size 832x480 --frames 81 -o waves.mp4
 
 `--url host:8001` talks gRPC (default), `--url http://host:8000` HTTP. Streamed text goes to stdout
 as it arrives; progress and statistics go to stderr, so stdout stays clean for pipes.
@@ -163,11 +163,43 @@ def edit(args) -> int:
     return 0
 
 
+class ProgressBar:
+    """`[video] ######------ 12/50 steps  8.3 s` on stderr, redrawn in place on a terminal (a line per
+    tenth of the steps otherwise, so a log stays short)."""
+
+    def __init__(self, what: str, width: int = 30):
+        self.what, self.width, self.start = what, width, time.monotonic()
+        self.live, self.logged = sys.stderr.isatty(), -1
+
+    def __call__(self, done: int, total: int) -> None:
+        elapsed = time.monotonic() - self.start
+        filled = self.width * done // max(total, 1)
+        line = f"[{self.what}] {'#' * filled}{'-' * (self.width - filled)} {done}/{total} steps {elapsed:6.1f} s"
+        if self.live:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+        elif 10 * done // max(total, 1) > self.logged:
+            self.logged = 10 * done // max(total, 1)
+            log(line)
+
+    def close(self) -> None:
+        if self.live:
+            print(file=sys.stderr)
+
+
 def video(args) -> int:
     client = VideoClient(args.url, timeout_s=args.timeout)
     first_frame = args.image.read_bytes() if args.image else None
-    with progress("video"):
-        data = client.generate(args.model, args.prompt, seconds=args.seconds, image=first_frame, **_image_kwargs(args))
+    bar = ProgressBar("video")
+    start = time.monotonic()
+    try:
+        data = client.generate(args.model, args.prompt, on_progress=bar, image=first_frame,
+                               negative_prompt=args.negative_prompt, size=args.size, num_frames=args.frames,
+                               seconds=args.seconds, fps=args.fps, num_inference_steps=args.steps,
+                               guidance_scale=args.guidance_scale, guidance_scale_2=args.guidance_scale_2,
+                               seed=args.seed)
+    finally:
+        bar.close()
+    log(f"[video] done in {time.monotonic() - start:.1f} s")
     write(args.out or Path("video.mp4"), data)
     return 0
 
@@ -236,9 +268,12 @@ def parser() -> argparse.ArgumentParser:
     image_args(e)
     e.add_argument("--image", type=Path, action="append", required=True, help="input image (repeatable)")
     e.set_defaults(run=edit)
-    v = sub.add_parser("video", parents=[common], help="text (+ first frame) to video")
+    v = sub.add_parser("video", parents=[common], help="text (+ first frame) to an MP4, with a progress bar")
     image_args(v, formats=False)
-    v.add_argument("--seconds", type=float, default=None)
+    v.add_argument("--frames", type=int, default=None, help="num_frames (1 + a multiple of 4 for Wan)")
+    v.add_argument("--seconds", type=float, default=None, help="instead of --frames: the clip's length at --fps")
+    v.add_argument("--fps", type=int, default=None, help="frames per second of the MP4 (default: the model's)")
+    v.add_argument("--guidance-scale-2", type=float, default=None, help="the second expert's (A14B models)")
     v.add_argument("--image", type=Path, default=None, help="first frame")
     v.set_defaults(run=video)
     return ap

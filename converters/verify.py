@@ -362,7 +362,7 @@ def check_bagel(folder: Path, report: Report) -> None:
 
 
 def check_component(folder: Path, name: str, library: str, class_name: str, report: Report) -> None:
-    """One subfolder of a diffusers pipeline, as image/checkpoint.py loads it."""
+    """One subfolder of a diffusers pipeline, as diffusion/checkpoint.py loads it."""
     if not folder.is_dir():
         report.append((folder, f"missing: model_index.json names a {name} component ({library}.{class_name})"))
         return
@@ -405,6 +405,15 @@ def pipeline(classes: tuple[str, ...], components: tuple[str, ...]) -> Callable[
 DIFFUSERS = ("scheduler", "text_encoder", "tokenizer", "transformer", "vae")
 
 
+def check_wan(folder: Path, report: Report) -> None:
+    """A Wan2.2 pipeline folder; the A14B models' second expert too, where model_index.json names one."""
+    pipeline(("WanPipeline", "WanImageToVideoPipeline"), DIFFUSERS)(folder, report)
+    index = read_json(folder / "model_index.json", [], "")
+    second = (index or {}).get("transformer_2")
+    if isinstance(second, list) and len(second) == 2 and all(isinstance(x, str) for x in second):
+        check_component(folder / "transformer_2", "transformer_2", second[0], second[1], report)
+
+
 @dataclass(frozen=True)
 class Kind:
     check: Callable[[Path, Report], None]
@@ -430,6 +439,7 @@ FAMILIES: dict[str, dict[str, Kind]] = {
     "triton_omni.image.qwen_image.": {"checkpoint": Kind(pipeline(("QwenImageEditPipeline", "QwenImageEditPlusPipeline"),
                                                                   DIFFUSERS + ("processor",)))},
     "triton_omni.image.joyimage.": {"checkpoint": Kind(pipeline(("JoyImageEditPipeline",), DIFFUSERS + ("processor",)))},
+    "triton_omni.video.wan.": {"checkpoint": Kind(check_wan)},
 }
 
 

@@ -4,3 +4,4 @@ import triton_omni.asr.steps  # noqa: F401
 import triton_omni.image.steps  # noqa: F401
 import triton_omni.text.chat  # noqa: F401
 import triton_omni.tts.steps  # noqa: F401
+import triton_omni.video.steps  # noqa: F401

@@ -1,7 +1,7 @@
 """The embedded demo: tiny random checkpoints -> model repository -> real tritonserver -> a streamed
-chat answer, a speech file and an image, written to outputs/. The weights are random: the text is
-gibberish, the speech is noise, the image is a pattern, by design; what the demo shows is the
-serving path, end to end."""
+chat answer, a speech file, an image and a short video (MP4), written to outputs/. The weights are
+random: the text is gibberish, the speech is noise, the image and the video are patterns, by design;
+what the demo shows is the serving path, end to end."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 from triton_omni.client.chat import ChatClient
 from triton_omni.client.image import ImageClient
 from triton_omni.client.speech import SpeechClient
+from triton_omni.client.video import VideoClient
 from triton_omni.converters.__main__ import load_configs
 from triton_omni.converters.generate import write_repository
 from triton_omni.converters.tiny import build as build_tiny
@@ -27,6 +28,7 @@ def main() -> int:
                     choices=["qwen3_chat", "qwen3_5_chat", "qwen3_moe_chat", "qwen3_5_moe_chat"])
     ap.add_argument("--speech-model", default="orpheus_tts")
     ap.add_argument("--image-model", default="z_image_turbo", choices=["z_image_turbo", "flux2_klein"])
+    ap.add_argument("--video-model", default="wan2_2_ti2v", choices=["wan2_2_ti2v", "wan2_2_t2v_a14b"])
     ap.add_argument("--prompt", default="Write a haiku about a server that never sleeps.")
     args = ap.parse_args()
     out = ROOT / "outputs"
@@ -38,7 +40,7 @@ def main() -> int:
     target = "gpu" if has_gpu() else "cpu"
     repo = ROOT / "model_repository" if target == "cpu" else out / "model_repository_gpu"
     write_repository(load_configs(None, [], []), repo, target)
-    models = [args.chat_model, args.speech_model, args.image_model]
+    models = [args.chat_model, args.speech_model, args.image_model, args.video_model]
     print(f"[demo] model repository: {repo} (target {target}); serving {', '.join(models)}")
     with TritonServer(repo, models=models, log_path=out / "tritonserver.log") as server:
         print(f"[demo] tritonserver ready in {time.monotonic() - t0:.1f} s "
@@ -67,7 +69,16 @@ def main() -> int:
                                                        num_inference_steps=4, seed=7)
         (out / "image.png").write_bytes(images[0])
         print(f"[demo] image: outputs/image.png ({len(images[0])} bytes) in {time.monotonic() - start:.2f} s")
-    print("[demo] wrote outputs/chat.txt, outputs/speech.wav, outputs/image.png; server stopped")
+
+        start = time.monotonic()
+        steps = []
+        video = VideoClient(server.grpc_url).generate(args.video_model, "waves at dusk", size="128x64", num_frames=17,
+                                                      fps=8, num_inference_steps=4, seed=7,
+                                                      on_progress=lambda done, total: steps.append(done))
+        (out / "video.mp4").write_bytes(video)
+        print(f"[demo] video: outputs/video.mp4 ({len(video)} bytes, 17 frames at 8 fps, progress {steps}) "
+              f"in {time.monotonic() - start:.2f} s")
+    print("[demo] wrote outputs/chat.txt, outputs/speech.wav, outputs/image.png, outputs/video.mp4; server stopped")
     return 0
 
 

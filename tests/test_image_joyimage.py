@@ -21,7 +21,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from triton_omni.converters.schema import load_ensemble
-from triton_omni.image.checkpoint import load_component
+from triton_omni.diffusion.checkpoint import load_component
 from triton_omni.image.edit import processor_from_parts
 from triton_omni.image.joyimage.steps import nearest_bucket, release_buckets
 from triton_omni.media.image import encode_image

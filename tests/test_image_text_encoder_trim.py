@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from triton_omni.converters.schema import load_ensemble
-from triton_omni.image.text_encoder import TextEncoderParams, decoder_hidden_states
+from triton_omni.diffusion.text_encoder import TextEncoderParams
+from triton_omni.image.text_encoder import decoder_hidden_states
 from triton_omni.image.vae import VaeDecodeParams
 from triton_omni.runtime.params import parse_params
 from triton_omni.runtime.step import Request, StepContext

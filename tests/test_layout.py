@@ -23,7 +23,9 @@ from tests.conftest import ROOT
 MAPPED = {"python_backends": "triton_omni", "kernels": "triton_omni.kernels", "client": "triton_omni.client",
           "converters": "triton_omni.converters", "launcher": "triton_omni.launcher"}
 # folders whose subpackages are model families: a family imports shared modules, never a sibling
-FAMILY_PARENTS = ["python_backends/tts", "python_backends/image", "python_backends/asr"]
+FAMILY_PARENTS = ["python_backends/tts", "python_backends/image", "python_backends/asr", "python_backends/video"]
+# categories of models: each imports the shared modules (diffusion/, media/, runtime/, ...), never another category
+CATEGORIES = ["tts", "image", "asr", "video"]
 # what client/ must never import: every python_backends package (the serving steps), the kernels,
 # the converter, and the heavy libraries they pull in
 SERVING = sorted({f"triton_omni.{p.stem}" for p in (ROOT / "python_backends").iterdir()
@@ -71,6 +73,14 @@ def test_families_import_no_other_family():
                     if any(name == o or name.startswith(o + ".") for o in others):
                         borrowed.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not borrowed, "families import each other (move the piece to a shared module):\n" + "\n".join(borrowed)
+
+
+def test_categories_import_no_other_category():
+    borrowed = [f"{path.relative_to(ROOT)} imports {name}"
+                for category in CATEGORIES for path in sorted((ROOT / "python_backends" / category).rglob("*.py"))
+                for name in imported_modules(path)
+                if any(_is_under(name, [f"triton_omni.{other}"]) for other in CATEGORIES if other != category)]
+    assert not borrowed, "categories import each other (move the piece to a shared module):\n" + "\n".join(borrowed)
 
 
 def test_wheel_carries_the_mapped_folders_and_imports_in_a_fresh_venv(tmp_path):

@@ -1,12 +1,20 @@
-"""/v1/videos: an asynchronous job per video, polled and downloaded as OpenAI's API does it.
+"""/v1/videos: an asynchronous job per video, polled and downloaded as OpenAI's API does it, and a
+synchronous variant.
 
     POST /v1/videos                 -> a `video` object, status "queued"
-    GET  /v1/videos/{id}            -> the same object: "in_progress", then "completed" or "failed"
+    GET  /v1/videos/{id}            -> the same object: "in_progress" with `progress` (0-100), then
+                                       "completed" or "failed"
     GET  /v1/videos/{id}/content    -> the MP4 (409 until completed)
     GET  /v1/videos, DELETE /v1/videos/{id}
+    POST /v1/videos/generations     -> the MP4 itself, once made (the request waits)
 
-Jobs run as tasks of the proxy's event loop and keep their MP4 in memory; the oldest finished jobs
-are dropped past `max_video_jobs`. Deleting a running job cancels its Triton request.
+Besides OpenAI's fields (prompt, model, seconds, size, input_reference: the first frame) the model's
+knobs are accepted as extensions: negative_prompt, num_frames (instead of seconds), fps,
+num_inference_steps, guidance_scale, guidance_scale_2, seed. A job's progress is the model's
+(steps done / steps of its denoise loop, streamed by the model's front). Jobs run as tasks of the
+proxy's event loop and keep their MP4 in memory; the oldest finished jobs are dropped past
+`max_video_jobs`. Deleting a running job cancels its Triton request: the model drops the clip at its
+next step and its slot goes to the next request.
 """
 from __future__ import annotations
 
@@ -20,12 +28,35 @@ from fastapi.responses import Response
 
 from triton_omni.client.openai_proxy.context import proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, server_error
-from triton_omni.client.openai_proxy.fields import json_or_form, shown
+from triton_omni.client.openai_proxy.fields import INT32_MAX, Fields, json_or_form, shown
 from triton_omni.client.openai_proxy.images import image_values
 from triton_omni.client.tensors import first
 
 router = APIRouter()
 MAX_SECONDS = 600
+MAX_LIST = 100
+
+
+async def video_values(body: Fields) -> tuple[dict, float | None]:
+    """The request tensors of the `video` route, and the clip's length in seconds if given."""
+    values = image_values(body)
+    # OpenAI sends seconds as a string ("4"); a number is fine too.
+    seconds = body.number("seconds", lo=0, lo_open=True, hi=MAX_SECONDS, strings=True)
+    values.update({"seconds": (None if seconds is None else float(seconds), "FP32"),
+                   "num_frames": (body.number("num_frames", lo=1, hi=INT32_MAX, integer=True), "INT32"),
+                   "fps": (body.number("fps", lo=1, hi=1000, integer=True), "INT32"),
+                   "guidance_scale_2": (body.number("guidance_scale_2", lo=0), "FP32"),
+                   "image": (await body.file_bytes("input_reference"), "BYTES")})
+    return values, seconds
+
+
+def progress_percent(outputs: dict) -> int | None:
+    """A model's progress report (steps done, steps) as 0-99 (100 is the finished video's)."""
+    progress = outputs.get("progress")
+    if progress is None or progress.size != 2:
+        return None
+    done, total = (int(v) for v in progress.reshape(-1))
+    return min(99, 100 * done // total) if total > 0 else None
 
 
 @dataclass
@@ -68,9 +99,10 @@ class VideoJobs:
         job.status = "in_progress"
         try:
             async for outputs in self.gateway.stream(job.model, values):
-                # A model may report progress (0..1) in intermediate responses; the video comes last.
-                if "progress" in outputs:
-                    job.progress = max(job.progress, min(99, int(100 * float(first(outputs, "progress", 0)))))
+                # progress reports while the model denoises; the video comes last
+                percent = progress_percent(outputs)
+                if percent is not None:
+                    job.progress = max(job.progress, percent)
                 job.video += first(outputs, "video", b"") or b""
             if not job.video:
                 raise ProxyError(500, "the model returned no video", code="model_error")
@@ -98,15 +130,27 @@ class VideoJobs:
         return job
 
 
+@router.post("/v1/videos/generations")
+async def generate_video(request: Request):
+    """The synchronous variant: the MP4 in the response, once the model has made it (a client that
+    goes away cancels the request)."""
+    proxy = proxy_of(request)
+    body = await json_or_form(request)
+    values, _ = await video_values(body)
+    model = await proxy.models.resolve("video", body.string("model"))
+    video = b""
+    for outputs in await proxy.gateway.collect(model.name, values, request.is_disconnected):
+        video += first(outputs, "video", b"") or b""
+    if not video:
+        raise ProxyError(500, "the model returned no video", code="model_error")
+    return Response(video, media_type="video/mp4", headers={"x-model": model.name})
+
+
 @router.post("/v1/videos")
 async def create_video(request: Request):
     proxy = proxy_of(request)
     body = await json_or_form(request)
-    values = image_values(body)
-    # OpenAI sends seconds as a string ("4"); a number is fine too.
-    seconds = body.number("seconds", lo=0, lo_open=True, hi=MAX_SECONDS, strings=True)
-    values["seconds"] = (None if seconds is None else float(seconds), "FP32")
-    values["image"] = (await body.file_bytes("input_reference"), "BYTES")
+    values, seconds = await video_values(body)
     model = await proxy.models.resolve("video", body.string("model"))
     job = VideoJob(f"video_{uuid.uuid4().hex}", model.name, values["prompt"][0],
                    "" if seconds is None else f"{seconds:g}", values["size"][0] or "", int(time.time()))
@@ -115,9 +159,22 @@ async def create_video(request: Request):
 
 
 @router.get("/v1/videos")
-async def list_videos(request: Request):
-    jobs = sorted(proxy_of(request).videos.jobs.values(), key=lambda j: j.created_at, reverse=True)
-    return {"object": "list", "data": [j.public() for j in jobs], "has_more": False}
+async def list_videos(request: Request, limit: int = 20, order: str = "desc", after: str | None = None):
+    if not 1 <= limit <= MAX_LIST:
+        raise bad_field("limit", f"expected 1 to {MAX_LIST}, got {limit}")
+    if order not in ("asc", "desc"):
+        raise bad_field("order", f"expected asc or desc, got {shown(order)}")
+    jobs = list(proxy_of(request).videos.jobs.values())       # in creation order
+    if order == "desc":
+        jobs.reverse()
+    if after is not None:
+        ids = [j.id for j in jobs]
+        if after not in ids:
+            raise ProxyError(404, f"no video {shown(after)}", param="after", code="video_not_found")
+        jobs = jobs[ids.index(after) + 1:]
+    page = [j.public() for j in jobs[:limit]]
+    return {"object": "list", "data": page, "has_more": len(jobs) > limit,
+            "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None}
 
 
 @router.get("/v1/videos/{video_id}")

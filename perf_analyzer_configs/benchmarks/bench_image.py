@@ -29,8 +29,8 @@ import numpy as np
 import torch
 import transformers
 
+import triton_omni.diffusion.text_encoder
 import triton_omni.image.denoise
-import triton_omni.image.text_encoder
 import triton_omni.image.vae
 from perf_analyzer_configs import results
 from perf_analyzer_configs.benchmarks import fp8_accuracy
@@ -39,7 +39,7 @@ from perf_analyzer_configs.benchmarks.common import (ROOT, device_name, percenti
                                                      versions)
 from triton_omni.converters.schema import load_ensemble
 from triton_omni.converters.tiny_common import synthetic_tokenizer
-from triton_omni.image.checkpoint import load_scheduler, load_tokenizer
+from triton_omni.diffusion.checkpoint import load_scheduler, load_tokenizer
 from triton_omni.image.z_image.transformer import ZImageContext
 from triton_omni.runtime.params import parse_params
 from triton_omni.runtime.step import Request, StepContext
@@ -251,7 +251,7 @@ def build_steps(ctx, compiled: bool = False, weights: str = "bf16") -> dict:
     `compiled`: the denoise step compiles the transformer's repeated blocks (its `compile` parameter);
     `weights` fp8: its `quantization` (on a copy of the weights of its own)."""
     cfg = load_ensemble(ROOT / "ensemble_configs" / f"{ctx.name}.yaml")
-    modules = (triton_omni.image.denoise, triton_omni.image.text_encoder, triton_omni.image.vae)
+    modules = (triton_omni.image.denoise, triton_omni.diffusion.text_encoder, triton_omni.image.vae)
     saved = [m.load_component for m in modules]
     # Our denoise step sets its transformer's attention kernel (its `attention` parameter) and compiles
     # its blocks: it gets a copy of the same weights, so the diffusers modes keep their defaults.

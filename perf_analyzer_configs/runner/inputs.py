@@ -30,13 +30,14 @@ ROUTE_INPUTS = {
     "transcription": {"language"},
     "image_generation": _IMAGE,
     "image_edit": _IMAGE,
-    "video": (_IMAGE - {"n", "output_format"}) | {"seconds"},
+    "video": (_IMAGE - {"n", "output_format"}) | {"seconds", "num_frames", "fps", "guidance_scale_2"},
 }
 DTYPES = {"messages": "BYTES", "text_input": "BYTES", "sampling_parameters": "BYTES", "stream": "BOOL",
           "chat_template_kwargs": "BYTES", "text": "BYTES", "voice": "BYTES", "response_format": "BYTES",
           "speed": "FP32", "reference_text": "BYTES", "language": "BYTES", "prompt": "BYTES",
           "negative_prompt": "BYTES", "size": "BYTES", "num_inference_steps": "INT32", "guidance_scale": "FP32",
-          "seed": "INT64", "n": "INT32", "output_format": "BYTES", "seconds": "FP32"}
+          "seed": "INT64", "n": "INT32", "output_format": "BYTES", "seconds": "FP32", "num_frames": "INT32",
+          "fps": "INT32", "guidance_scale_2": "FP32"}
 
 
 def serialized(items: list[bytes]) -> dict:

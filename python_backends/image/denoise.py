@@ -17,10 +17,11 @@ from typing import Hashable
 
 import torch
 
-from triton_omni.image.checkpoint import load_component, load_scheduler, pipeline_folder, vae_scale_factor
+from triton_omni.diffusion.attention import set_attention
+from triton_omni.diffusion.checkpoint import load_component, load_scheduler, pipeline_folder, vae_scale_factor
+from triton_omni.diffusion.tensors import group_by, to_output, to_torch
 from triton_omni.image.checks import check_settings
 from triton_omni.image.request import ServedSizes
-from triton_omni.image.tensors import group_by, to_output, to_torch
 from triton_omni.models import quant
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
@@ -35,17 +36,12 @@ class DenoiseParams(ServedSizes):
     dtype: str = "float32"
     compile: bool = False              # GPU: torch.compile each repeated transformer block (regional:
                                        #   one compiled block serves all layers; a new shape compiles on first use)
-    attention: str = "native"          # the transformer's attention kernel (ATTENTION_BACKENDS)
+    attention: str = "native"          # the transformer's attention kernel (diffusion/attention.py)
     quantization: str = "none"         # "fp8": the repeated blocks' linear layers in FP8 E4M3 at load, a scale per
                                        #   output channel, the activations one a row (torch._scaled_mm on the GPU;
                                        #   models/quant.quantize_blocks); compiled with them where `compile` is on
 
 
-# `attention` -> diffusers' attention backend. native: torch's SDPA picks (FLASH on an H200 when no
-# mask is given); cudnn: cuDNN's fused attention, CUDA only. Same maths, other rounding. On an H200 at
-# the DiT shapes (bf16, 24-30 heads of 128, 1184-4608 tokens) cuDNN took 0.51-0.60x flash's time
-# (results/image.md says where it was measured).
-ATTENTION_BACKENDS = {"native": "native", "cudnn": "_native_cudnn"}
 # Where a transformer's config gives the width of the text embeddings it takes (Z-Image, FLUX.2 and
 # Qwen-Image, JoyImage).
 TEXT_DIM_KEYS = ("cap_feat_dim", "joint_attention_dim", "text_dim")
@@ -118,15 +114,7 @@ class DenoiseStep(Step):
             self.transformer.compile_repeated_blocks(fullgraph=True)
 
     def set_attention(self, name: str) -> None:
-        if name not in ATTENTION_BACKENDS:
-            raise ValueError(f"parameter attention: expected one of {sorted(ATTENTION_BACKENDS)}, got {name!r}")
-        if name == "native":
-            return
-        if torch.device(self.device).type != "cuda":
-            raise ValueError(f"parameter attention: {name!r} needs a CUDA device, this step runs on {self.device}")
-        if not hasattr(self.transformer, "set_attention_backend"):
-            raise ValueError(f"parameter attention: {type(self.transformer).__name__} takes only 'native'")
-        self.transformer.set_attention_backend(ATTENTION_BACKENDS[name])
+        set_attention(self.transformer, name, self.device)
 
     def input_limits(self) -> dict:
         tokens = (self.params.max_sequence_length, None)

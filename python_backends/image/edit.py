@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from triton_omni.image.checkpoint import load_component, pipeline_folder
-from triton_omni.image.checks import check_ids
+from triton_omni.diffusion.checkpoint import load_component, pipeline_folder
+from triton_omni.diffusion.checks import check_ids
+from triton_omni.diffusion.tensors import to_output
 from triton_omni.image.denoise import DenoiseParams
 from triton_omni.image.request import ServedSizes
-from triton_omni.image.tensors import to_output
 from triton_omni.image.vae import VaeDecodeStep
 from triton_omni.media.image import ImageDecodeError, decode_image
 from triton_omni.runtime.errors import InvalidInput

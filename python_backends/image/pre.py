@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from triton_omni.image.checkpoint import load_tokenizer, pipeline_folder, vae_scale_factor
+from triton_omni.diffusion.checkpoint import load_tokenizer, pipeline_folder, vae_scale_factor
 from triton_omni.image.request import ImageLimits, ImageRequest, parse_request
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, string_array

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from triton_omni.image.checkpoint import load_component, pipeline_folder, vae_scale_factor
+from triton_omni.diffusion.checkpoint import load_component, pipeline_folder, vae_scale_factor
+from triton_omni.diffusion.tensors import group_by, to_output, to_torch, to_uint8
 from triton_omni.image.checks import check_latents
 from triton_omni.image.request import ServedSizes
-from triton_omni.image.tensors import group_by, to_output, to_torch
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext
@@ -26,13 +26,6 @@ class VaeDecodeParams(ServedSizes):
     dtype: str = "float32"
     compile: bool = False              # GPU: torch.compile the VAE decode (`decode`; a new latent shape
                                        #   compiles on first use); ignored on CPU
-
-
-def to_uint8(image: torch.Tensor) -> torch.Tensor:
-    """VAE output in [-1, 1], [B, 3, H, W] -> [B, H, W, 3] uint8, as `VaeImageProcessor.postprocess`
-    and `numpy_to_pil` do it: (x * 0.5 + 0.5) clamped to [0, 1], times 255, rounded."""
-    image = (image * 0.5 + 0.5).clamp(0, 1)
-    return (image.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8)
 
 
 class VaeDecodeStep(Step):

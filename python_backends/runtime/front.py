@@ -7,6 +7,12 @@ ensemble (BLS, same inputs, a unique request id that the ensemble hands to every
 response, and when the client cancels it asks each streaming step to abort that request id.
 A streaming step ends an aborted request with a normal final response (finish_reason
 "cancelled"): an error in the middle of a stream does not reach a BLS caller in Triton 2.51.
+
+Progress: a streaming step that takes `progress_request_id` (a video model's denoise loop) reports
+a request's progress to a second request, its watcher, while the request itself goes on through the
+ensemble. The front opens that watch beside each relayed request (BLS, decoupled) and passes its
+responses on to the client, then the ensemble's answer: the watched step has finished its part (its
+watch stream has ended) before any later step answers.
 """
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ from triton_omni.runtime.triton_model import STUB_LOCK   # every call into the s
 CANCEL_CHECK_S = 0.1
 CHECKS_PER_ROUND = 8
 ABORT_INPUT = "abort_request_id"
+PROGRESS_INPUT = "progress_request_id"
+WATCH_JOIN_S = 60.0      # how long an answer waits for its progress streams to end (they end first)
 
 
 class _Stream:
@@ -75,7 +83,9 @@ class StreamFront:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.ensemble = params["ensemble"]
         self.abort_models = [m for m in params.get("abort_models", "").split(",") if m]
-        self.output_names = [o["name"] for o in config["output"]]
+        self.progress_models = [m for m in params.get("progress_models", "").split(",") if m]
+        self.progress_outputs = [o for o in params.get("progress_outputs", "").split(",") if o]
+        self.output_names = [o["name"] for o in config["output"] if o["name"] not in self.progress_outputs]
         self.batched = int(config.get("max_batch_size", 0)) > 0
         # an unbatched front (max_batch_size 0: inputs of shape [1], as Triton's vLLM backend's
         # clients send) before a batched ensemble: a batch dimension added to inputs, removed from outputs
@@ -117,6 +127,9 @@ class StreamFront:
                 bls = pb.InferenceRequest(model_name=self.ensemble, inputs=inputs,
                                           requested_output_names=self.output_names, request_id=inner_id,
                                           preferred_memory=pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0))
+            watched = [o for o in self.progress_outputs if o in wanted]
+            watches = [self._watch_progress(model, inner_id, stream, watched)
+                       for model in (self.progress_models if watched else [])]
             # Not under the lock: a decoupled exec returns only with the request's first response, and
             # that may wait for a batch slot which only the cancellation checks (under the lock) free.
             responses = bls.exec(decoupled=True)
@@ -130,8 +143,13 @@ class StreamFront:
                         tensors = [pb.Tensor(t.name(), t.as_numpy()[0]) for t in tensors]
                 if error is not None:
                     stream.finish(pb.InferenceResponse(error=error))
+                    if watches:
+                        self._abort([inner_id])        # a watch still waiting for its request ends
                     return
                 if tensors:
+                    for watch in watches:              # their progress goes out before the answer
+                        watch.join(WATCH_JOIN_S)
+                    watches = []
                     stream.send(pb.InferenceResponse(output_tensors=tensors))
             stream.finish()
         except Exception as exc:  # noqa: BLE001 - this request fails, the model keeps serving
@@ -140,6 +158,31 @@ class StreamFront:
         finally:
             with self.lock:
                 self.active.pop(inner_id, None)
+
+    def _watch_progress(self, model: str, inner_id: str, stream: _Stream, outputs: list[str]) -> threading.Thread:
+        """Relay `model`'s progress reports on request `inner_id` to the client's stream, in a thread of
+        their own, until the step ends the watch (when it is done with the request, or aborts it)."""
+        pb = self.pb
+
+        def relay() -> None:
+            try:
+                value = np.array([[inner_id.encode()]] if self.steps_batched else [inner_id.encode()], dtype=np.object_)
+                with STUB_LOCK:
+                    req = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(PROGRESS_INPUT, value)],
+                                              requested_output_names=outputs, request_id=f"watch-{inner_id}")
+                for response in req.exec(decoupled=True):       # waits outside the lock
+                    with STUB_LOCK:
+                        tensors = [] if response.has_error() else response.output_tensors()
+                        if tensors and self.reshape:
+                            tensors = [pb.Tensor(t.name(), t.as_numpy()[0]) for t in tensors]
+                    if tensors:
+                        stream.send(pb.InferenceResponse(output_tensors=tensors))
+            except Exception as exc:  # noqa: BLE001 - the request goes on without progress
+                pb.Logger.log_error(f"{self.ensemble}: progress watch on {model} failed: {exc!r}")
+
+        thread = threading.Thread(target=relay, name="front-progress", daemon=True)
+        thread.start()
+        return thread
 
     def _watch(self) -> None:
         while not self._stop:

@@ -28,7 +28,8 @@ class TensorSpec:
     dims: tuple[int, ...] = (1,)
     optional: bool = False     # inputs only: the request may leave it out
     ragged: bool = False       # inputs only: requests of different lengths may share a batch
-    control: bool = False      # inputs only: sent to the step directly, never wired in the ensemble
+    control: bool = False      # never wired in the ensemble: an input sent to the step directly (an abort),
+                               # an output only its direct callers get (the progress the front relays)
     # inputs only: the most entries one request may send along each variable (-1) dimension, in
     # order; None leaves that dimension to the step's `input_limits()` or to DEFAULT_MAX_ITEMS
     max_dims: tuple[int | None, ...] | None = None

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from triton_omni.diffusion.checks import check_ids
 from triton_omni.image.bagel.model import load_autoencoder, load_generator, release_folder, schedule, unpatchify
-from triton_omni.image.checks import check_ids, check_settings
+from triton_omni.image.checks import check_settings
 from triton_omni.image.denoise import DenoiseStep, Job, settings_job
 from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
 from triton_omni.image.request import ImageLimits, ServedSizes, parse_request, parse_size

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from triton_omni.image.checkpoint import model_index
+from triton_omni.diffusion.checkpoint import model_index
+from triton_omni.diffusion.text_encoder import TextEncoderParams
 from triton_omni.image.denoise import DenoiseStep, Job
 from triton_omni.image.pre import ImagePre
-from triton_omni.image.text_encoder import TextEncoderParams, TextEncoderStep
+from triton_omni.image.text_encoder import TextEncoderStep
 from triton_omni.image.vae import VaeDecodeStep
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.step import Request, StepContext, register

@@ -31,14 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from triton_omni.image.checkpoint import load_component, pipeline_folder, vae_scale_factor
+from triton_omni.diffusion.checkpoint import load_component, pipeline_folder, vae_scale_factor
+from triton_omni.diffusion.tensors import group_by, to_output, to_torch
 from triton_omni.image.denoise import DenoiseStep, Job
 from triton_omni.image.edit import (CONDITION_INPUTS, IMAGE_PAD, VISION_TOKENS, EditModelParams,
                                     EditTextEncoder, EditTextEncoderParams, OneFrameVaeDecode, UploadLimits,
                                     condition_images, condition_limits, decode_inputs, latent_stats)
 from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
 from triton_omni.image.request import ImageLimits, parse_request
-from triton_omni.image.tensors import group_by, to_output, to_torch
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register

@@ -27,14 +27,14 @@ from typing import Hashable
 import numpy as np
 import torch
 
-from triton_omni.image.checkpoint import load_component, model_index, pipeline_folder, vae_scale_factor
+from triton_omni.diffusion.checkpoint import load_component, model_index, pipeline_folder, vae_scale_factor
+from triton_omni.diffusion.tensors import group_by, to_output, to_torch
 from triton_omni.image.denoise import DenoiseStep, Job
 from triton_omni.image.edit import (CONDITION_INPUTS, IMAGE_PAD, VISION_TOKENS, EditDenoiseParams, EditModelParams,
                                     EditTextEncoder, EditTextEncoderParams, OneFrameVaeDecode, UploadLimits,
                                     condition_images, condition_limits, decode_inputs, host, latent_stats)
 from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
 from triton_omni.image.request import ImageLimits, parse_request, parse_size
-from triton_omni.image.tensors import group_by, to_output, to_torch
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
