@@ -29,12 +29,14 @@ def builders() -> dict:
     from triton_omni.converters.tiny_fish import BUILDERS as FISH
     from triton_omni.converters.tiny_image import BUILDERS as IMAGE
     from triton_omni.converters.tiny_joyimage import BUILDERS as JOYIMAGE
+    from triton_omni.converters.tiny_moe import BUILDERS as MOE
     from triton_omni.converters.tiny_omnivoice import BUILDERS as OMNIVOICE
     from triton_omni.converters.tiny_qwen3_tts import BUILDERS as QWEN3_TTS
     from triton_omni.converters.tiny_tts import BUILDERS as TTS
     from triton_omni.converters.tiny_video import BUILDERS as VIDEO
 
-    return {**CHAT, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **ASR, **VIDEO}
+    return {**CHAT, **MOE, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **ASR,
+            **VIDEO}
 
 
 def _stamp(builder) -> str:

@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 from triton_omni.converters.__main__ import main
 
 # ensemble -> the tiny checkpoint its `checkpoint` names
-ENSEMBLES = {"qwen3_chat": "qwen3", "qwen3_5_chat": "qwen3_5", "orpheus_tts": "orpheus", "kokoro_tts": "kokoro",
+ENSEMBLES = {"qwen3_chat": "qwen3", "qwen3_5_chat": "qwen3_5", "qwen3_moe_chat": "qwen3_moe",
+             "qwen3_5_moe_chat": "qwen3_5_moe", "orpheus_tts": "orpheus", "kokoro_tts": "kokoro",
              "qwen3_tts": "qwen3_tts", "qwen3_tts_base": "qwen3_tts_base", "fish_s2_tts": "fish_s2",
              "chatterbox_tts": "chatterbox", "omnivoice_tts": "omnivoice", "z_image_turbo": "z_image_turbo",
              "flux2_klein": "flux2_klein", "qwen_image_edit": "qwen_image_edit",
@@ -102,7 +103,8 @@ def header_past_the_end(folder: Path) -> None:
 BROKEN = [
     ("missing config", "qwen3", "qwen3_chat", remove("config.json"), "config.json", "missing"),
     ("unsupported model_type", "qwen3", "qwen3_chat", set_json("config.json", model_type="gpt2"), "config.json",
-     "model_type 'gpt2' is not supported here; supported: llama, qwen3, qwen3_5, qwen3_5_text"),
+     "model_type 'gpt2' is not supported here; supported: llama, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
+     "qwen3_5_text, qwen3_moe"),
     ("missing weights", "qwen3", "qwen3_chat", remove("model.safetensors"), "model.safetensors",
      "missing: the folder has no weights (model.safetensors or model.safetensors.index.json)"),
     ("truncated safetensors", "qwen3", "qwen3_chat", truncate("model.safetensors", 100), "model.safetensors",

@@ -56,7 +56,8 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     """norm -> mixer (attention, or linear attention) -> norm -> MLP, residuals fused into the norms.
     Each norm runs with the projection after it (`dispatch.norm_linear`: one kernel for a batch-1
-    decode row on the GPU), so a mixer takes the output of its `first_proj`, not the hidden state."""
+    decode row on the GPU), so a mixer takes the output of its `first_proj`, not the hidden state. An
+    MLP that `norms_input` (models/moe.py) is handed the residual stream and its norm instead."""
 
     def __init__(self, config, mixer: nn.Module, mlp: nn.Module, mixer_name: str = "self_attn",
                  zero_centered: bool = False):
@@ -71,6 +72,8 @@ class DecoderLayer(nn.Module):
         mixer = getattr(self, self.mixer_name)
         projected, residual = _norm_linear(self.input_layernorm, mixer.first_proj, x, residual)
         x = mixer(projected, positions, ctx)
+        if getattr(self.mlp, "norms_input", False):      # a MoE block: it needs the normalised input itself
+            return self.mlp(x, residual, self.post_attention_layernorm)
         gate_up, residual = _norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, x, residual)
         return self.mlp.down_proj(gate_up, gated=True), residual
 

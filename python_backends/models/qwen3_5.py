@@ -129,16 +129,17 @@ class Qwen3_5Attention(nn.Module):
         return self.o_proj(o)
 
 
-def qwen3_5_layer(config, layer_type: str, rotary: RotaryEmbedding) -> DecoderLayer:
-    """A Gated DeltaNet layer or a gated attention layer, as `config.layer_types` says."""
+def qwen3_5_layer(config, layer_type: str, rotary: RotaryEmbedding, mlp: nn.Module | None = None) -> DecoderLayer:
+    """A Gated DeltaNet layer or a gated attention layer, as `config.layer_types` says; its MLP dense
+    unless given (Qwen3.5-MoE's experts)."""
     if layer_type == "linear_attention":
         mixer, name = Qwen3_5GatedDeltaNet(config), "linear_attn"
     elif layer_type == "full_attention":
         mixer, name = Qwen3_5Attention(config, rotary), "self_attn"
     else:
         raise ValueError(f"unknown Qwen3.5 layer type {layer_type!r}")
-    return DecoderLayer(config, mixer, GatedMLP(config.hidden_size, config.intermediate_size), mixer_name=name,
-                        zero_centered=True)
+    mlp = mlp if mlp is not None else GatedMLP(config.hidden_size, config.intermediate_size)
+    return DecoderLayer(config, mixer, mlp, mixer_name=name, zero_centered=True)
 
 
 class Qwen3_5ForCausalLM(CausalLM):
