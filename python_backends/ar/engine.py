@@ -156,6 +156,8 @@ class LLMEngine:
         launched = None
         if batch is not None:
             if batch.is_prefill:
+                for seq in batch.seqs:
+                    seq.scheduled = t
                 self.runner.admit(batch.seqs, self.eos_token_ids)
                 launched = self.runner.prefill(batch.seqs)
                 self.stats.prefill_steps += 1

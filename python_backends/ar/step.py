@@ -22,11 +22,13 @@ import torch
 
 from triton_omni.ar.config import EngineConfig
 from triton_omni.ar.engine import EngineThread, LLMEngine
+from triton_omni.ar.request_metrics import ARRequestMetrics
 from triton_omni.ar.sampling import SamplingParams
 from triton_omni.ar.sequence import Sequence
 from triton_omni.models.registry import load_causal_lm, text_config
 from triton_omni.runtime.errors import Cancelled, InvalidInput
 from triton_omni.runtime.front import ABORT_INPUT
+from triton_omni.runtime import metrics, warmup
 from triton_omni.runtime.metrics import Gauge
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
@@ -84,6 +86,7 @@ class Reply:
     done: bool = False
     request_id: str = ""
     last_checked: float = 0.0        # when Triton was last asked whether it was cancelled
+    first_token_at: float = 0.0      # when its first token reached the delivery thread (wall clock)
 
 
 def eos_token_ids(folder, tokenizer) -> list[int]:
@@ -155,6 +158,7 @@ class ARDecode(Step):
             ("prefill_tokens", "prompt tokens prefilled"), ("max_decode_batch", "largest decode batch seen"),
             ("requests_started", "requests accepted"), ("requests_finished", "requests whose final response was sent"))}
         self.requests_started = self.requests_finished = 0
+        self.request_metrics = ARRequestMetrics(ctx.model_name)
         self._stop = False
         self.loop = EngineThread(self.engine, on_error=lambda e: ctx.log(
             "engine step failed: " + "".join(traceback.format_exception(e))))
@@ -163,6 +167,15 @@ class ARDecode(Step):
 
     def input_limits(self) -> dict:
         return {"input_ids": (self.params.max_model_len,)}      # a longer prompt can never fit the context
+
+    def warmup_inputs(self, spec) -> list[dict]:
+        """Prompts of random ids of each `tokens` length (default 16), a few greedy tokens each."""
+        rng = np.random.default_rng(0)
+        vocab = self.engine.vocab_size
+        return [{"input_ids": rng.integers(0, vocab, n, dtype=np.int32),
+                 "sampling": string_array(json.dumps({"max_tokens": 4, "temperature": 0.0, "ignore_eos": True})),
+                 "stream": np.array([True])}
+                for n in spec.tokens or [16] if n + 4 <= self.params.max_model_len]
 
     def make_engine(self, folder) -> LLMEngine:
         """The engine (a subclass may decode another kind of model: see tts/frame_talker.py)."""
@@ -197,9 +210,9 @@ class ARDecode(Step):
     def start(self, request: Request, reply: Reply, prompt, params: SamplingParams) -> None:
         """Queue the request on the engine; its outputs go to the delivery thread."""
         self.requests_started += 1
+        reply.request_id = request.request_id
         reply.seq = self.engine.add(prompt, params,
                                     on_output=lambda seq, new, reason: self.outbox.put((reply, new, reason)))
-        reply.request_id = request.request_id
         with self.live_lock:
             if reply.request_id and self.aborted.pop(reply.request_id, None) is not None:
                 reply.done = True
@@ -231,17 +244,21 @@ class ARDecode(Step):
                 last_check = time.monotonic()
                 self._check_cancelled()
                 self._publish_metrics()
+                metrics.flush()
 
     def _deliver_batch(self, items) -> None:
         """Engine outputs queued since the last round, merged per reply: when sending falls behind
         the engine, a response carries several tokens instead of the backlog growing."""
         merged: dict[Reply, list] = {}
+        now = time.time()
         for reply, new, reason in items:
             entry = merged.setdefault(reply, [[], None, False])
             if reason == CANCEL:
                 entry[2] = True
             else:
                 entry[0] += new or []
+                if new and not reply.first_token_at:
+                    reply.first_token_at = now
                 entry[1] = reason if reason is not None else entry[1]
         for reply, (new, reason, cancel) in merged.items():
             if reply.done:
@@ -291,8 +308,10 @@ class ARDecode(Step):
 
     def _close(self, reply: Reply) -> None:
         with self.live_lock:
-            reply.done = True
+            closing, reply.done = not reply.done, True
             self.live.discard(reply)
+        if closing and not warmup.is_warmup(reply.request_id):
+            self.request_metrics.finished(reply.seq, reply.first_token_at, reply.n_released)
 
     def _cancel(self, reply: Reply) -> None:
         """End a cancelled request with a normal final response: an error mid-stream would not

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from triton_omni.image import warmup as image_warmup
 from triton_omni.image.checkpoint import load_component, pipeline_folder
 from triton_omni.image.checks import check_ids
 from triton_omni.image.tensors import group_by, to_output
@@ -91,6 +92,11 @@ class TextEncoderStep(Step):
     def input_limits(self) -> dict:
         rows = (2, self.params.max_sequence_length)          # prompt, negative
         return {"text_ids": rows, "text_mask": rows}
+
+    def warmup_inputs(self, spec) -> list[dict]:
+        if [t.name for t in self.inputs] != [t.name for t in TextEncoderStep.inputs]:
+            return []                  # a model's own inputs (an edit model's image): its own samples
+        return image_warmup.text_encoder_samples(self.vocab, self.params.max_sequence_length)
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       wanted: list[int]) -> list[torch.Tensor]:

@@ -82,6 +82,21 @@ class StreamFront:
         self._stop = False
         self.watcher = threading.Thread(target=self._watch, name="front-cancel", daemon=True)
         self.watcher.start()
+        self._warm_bls()
+
+    def _warm_bls(self) -> None:
+        """One decoupled BLS call before the model is ready, so the first client's relay does not pay
+        for setting up the stub's BLS path (~30-45 ms on a CPU). The ensemble may not be loaded yet, so
+        the call goes to a model that does not exist and its error is the expected answer."""
+        pb = self.pb
+        try:
+            with STUB_LOCK:
+                req = pb.InferenceRequest(model_name=f"{self.ensemble}__warmup_no_such_model",
+                                          inputs=[pb.Tensor("x", np.zeros([1], np.int32))], requested_output_names=[])
+            for _ in req.exec(decoupled=True):
+                pass
+        except Exception:  # noqa: BLE001 - an error is the expected answer
+            pass
 
     def execute(self, requests):
         for request in requests:

@@ -86,6 +86,12 @@ class ChatPreprocess(Step):
         super().__init__(ctx)
         self.tokenizer = load_tokenizer(ctx.checkpoint(self.params.checkpoint))
 
+    def warmup_inputs(self, spec) -> list[dict]:
+        """A chat message of about each `tokens` length (default 16): the template compiles on its first use."""
+        return [{"messages": string_array(json.dumps([{"role": "user", "content": " ".join(["warm"] * n)}])),
+                 "sampling_parameters": string_array(json.dumps({"max_tokens": 4}))}
+                for n in spec.tokens or [16] if n < self.params.max_model_len // 2]
+
     def prompt_text(self, req: Request) -> str:
         """The text to tokenize: `text_input` as given, or `messages` through the chat template."""
         most = self.params.max_messages_bytes
@@ -186,6 +192,12 @@ class Detokenize(Step):
 
     def input_limits(self) -> dict:
         return {"token_ids": (self.params.max_model_len,)}
+
+    def warmup_inputs(self, spec) -> list[dict]:
+        one = lambda v: np.array([v], dtype=np.int32)  # noqa: E731
+        ids = np.random.default_rng(0).integers(0, len(self.tokenizer), 8, dtype=np.int32)
+        return [{"token_ids": ids, "num_context": one(4), "stop_text": string_array(""),
+                 "finish_reason": string_array(""), "prompt_tokens": one(16), "completion_tokens": one(8)}]
 
     def one(self, req: Request) -> dict:
         ids = req.get("token_ids")
