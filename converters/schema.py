@@ -95,6 +95,18 @@ def _check_warmup(file, key: str, value: Any) -> dict[str, Any]:
     return value
 
 
+def _check_hub(file, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    _expect(file, "hub", value, dict, "a mapping")
+    _only_keys(file, "hub", value, {"repos", "allow_patterns"})
+    for key in ("repos", "allow_patterns"):
+        items = value.get(key, [])
+        if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
+            raise ConfigError(file, f"hub.{key}", f"expected a list of strings, got {items!r}")
+    return value
+
+
 def _check_count(file, key: str, value: Any) -> Any:
     counts = value if isinstance(value, dict) else {t: value for t in TARGETS}
     if set(counts) != set(TARGETS) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
@@ -122,6 +134,9 @@ class EnsembleConfig:
     # Triton spreads requests over idle instances. An int or {cpu: N, gpu: M}.
     front_instances: Any = field(default_factory=lambda: {"cpu": 1, "gpu": 16})
     warmup: dict[str, Any] = field(default_factory=dict)      # every step's warmup defaults (StepConfig.warmup)
+    # the released Hugging Face repositories (`repos`, for the README) and which of their files the model
+    # loads (`allow_patterns`, for `--checkpoint NAME=hf:ORG/REPO`; default: converters/hub.py's)
+    hub: dict[str, Any] = field(default_factory=dict)
 
     def front_count(self, target: str) -> int:
         return per_target(self.front_instances, target)
@@ -240,7 +255,8 @@ def load_ensemble(path: str | Path) -> EnsembleConfig:
         outputs=_expect(path, "outputs", raw.get("outputs", []), list, "a list of tensor names"),
         steps=[_parse_step(path, i, s) for i, s in enumerate(steps_raw)],
         openai=_expect(path, "openai", raw.get("openai", {}) or {}, dict, "a mapping"),
-        warmup=_check_warmup(path, "warmup", raw.get("warmup")))
+        warmup=_check_warmup(path, "warmup", raw.get("warmup")),
+        hub=_check_hub(path, raw.get("hub")))
     if "front_instances" in raw:
         cfg.front_instances = _check_count(path, "front_instances", raw["front_instances"])
     for k in cfg.parameters:
