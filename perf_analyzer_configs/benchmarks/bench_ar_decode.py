@@ -455,7 +455,9 @@ PAGE = results.Page(
              results.Column("roofline share (c=1)",
                             lambda r: f"{100 * r['roofline_share_c1']:.0f}%" if "roofline_share_c1" in r else "")],
     current=lambda r: r["mode"] in CURRENT_MODES,
-    order=lambda r: (list(SHAPES).index(r["model"]), CURRENT_MODES.index(r["mode"]), r["concurrency"]))
+    order=lambda r: (list(SHAPES).index(r["model"]), CURRENT_MODES.index(r["mode"]), r["concurrency"]),
+    plot=results.Plot(panels=[("tokens_per_s", "tokens/s"), ("ttft_ms_p50", "TTFT p50 (ms)"),
+                              ("tpot_ms_p50", "TPOT p50 (ms)")]))
 
 
 def main() -> int:

@@ -475,7 +475,9 @@ PAGE = results.Page(
                             + (f" / {r['mean_abs_diff_px']:.1f}" if "mean_abs_diff_px" in r else "")),
              results.column("first call s", "first_call_s", ".0f")],
     order=lambda r: (list(MODELS).index(r["model"]), -int(r["size"].split("x")[0]), MODE_LABELS.index(r["mode"]),
-                     r["concurrency"]))
+                     r["concurrency"]),
+    plot=results.Plot(panels=[("images_per_s", "images/s"), ("latency_ms_p50", "latency p50 (ms)")],
+                      facet=lambda r: f"{r['model']} {r['size']}"))
 
 
 def main() -> int:

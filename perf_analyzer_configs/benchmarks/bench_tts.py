@@ -383,7 +383,8 @@ PAGE = results.Page(
              results.column("audio s", "audio_s", ".2f"), results.column("TTFA p50 ms", "ttfa_ms_p50", ".1f"),
              results.column("TTFA p90 ms", "ttfa_ms_p90", ".1f"), results.column("RTF p50", "rtf_p50", ".4f"),
              results.column("RTF p90", "rtf_p90", ".4f"), results.column("audio s/s", "audio_s_per_s", ".1f")],
-    order=lambda r: (MODELS.index(r["model"]), MODES.index(r["mode"]), r["concurrency"]))
+    order=lambda r: (MODELS.index(r["model"]), MODES.index(r["mode"]), r["concurrency"]),
+    plot=results.Plot(panels=[("audio_s_per_s", "audio s/s"), ("ttfa_ms_p50", "TTFA p50 (ms)"), ("rtf_p50", "RTF p50")]))
 
 
 def main() -> int:
