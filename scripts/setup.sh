@@ -33,5 +33,17 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
          "will accept phonemes only, and its text tests are skipped"
   fi
 fi
+# chromium + chromium-driver: the playground page's test runs in a real headless browser
+# (tests/test_operations.py). Optional: without them that test is skipped.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+     && { apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+          || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; }; }; then
+    echo "[setup] installed chromium and chromium-driver (the playground's browser test)"
+  else
+    echo "[setup] chromium is not installed and apt-get cannot install it here (not root?): the playground's" \
+         "browser test is skipped"
+  fi
+fi
 # The server's python backend needs its stub next to libtriton_python.so, matching this Python.
 .venv/bin/triton-omni setup

@@ -1,0 +1,257 @@
+"""The AR engine: requests in from any thread, one scheduled step at a time, tokens out.
+
+`add` and `abort` only post to an inbox; the thread that calls `step` (the engine loop) owns every
+piece of state, so no locks are held around the model. Each finished or growing sequence is
+reported through its `on_output(seq, new_token_ids, finish_reason)` callback, on the loop thread.
+For a frame model (model_runner.FrameModel, e.g. a TTS talker) a prompt is the model's own object
+and each new "token" is a frame, a list of N codes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from triton_omni.ar.bookkeeping_reference import FINISH_LENGTH, FINISH_STOP
+from triton_omni.ar.block_manager import BlockManager
+from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.model_runner import ModelRunner, StepHandle
+from triton_omni.ar.sampling import SamplingParams
+from triton_omni.ar.scheduler import Scheduler
+from triton_omni.ar.sequence import Sequence, Status
+from triton_omni.runtime.errors import InvalidInput
+
+
+TRACE_ENV = "TRITON_OMNI_ENGINE_TRACE"
+
+
+class StepTrace:
+    """The engine loop's timeline, for profiling (TRITON_OMNI_ENGINE_TRACE=FILE in the environment of
+    the process that runs the engine, e.g. tritonserver's): a JSON line per step with its wall-clock
+    start `t` (s), the arrival times of the requests it took from the inbox, its kind, rows and prompt
+    tokens, and the host time to launch it and to collect the step before it (which waits for the
+    GPU). Lines are written when the loop goes idle or stops, or 10,000 at a time."""
+
+    def __init__(self, path: str):
+        self.path, self.lines = path, []
+
+    def step(self, t: float, arrivals: list[float], batch, launched: float) -> None:
+        """A step that started at `t` and launched `batch` (a scheduler Batch, or None) by `launched`."""
+        now = time.time()
+        kind = "idle" if batch is None else "prefill" if batch.is_prefill else "decode"
+        tokens = sum(s.prompt_len for s in batch.seqs) if kind == "prefill" else 0
+        self.lines.append(json.dumps({"t": t, "arrivals": arrivals, "kind": kind, "rows": len(batch.seqs) if batch else 0,
+                                      "tokens": tokens, "launch_ms": 1e3 * (launched - t),
+                                      "collect_ms": 1e3 * (now - launched)}))
+        if len(self.lines) >= 10000:        # a loop that never idles: write as it goes
+            self.flush()
+
+    def flush(self) -> None:
+        if self.lines:
+            with open(self.path, "a") as f:
+                f.write("\n".join(self.lines) + "\n")
+            self.lines = []
+
+
+@dataclass
+class EngineStats:
+    prefill_steps: int = 0
+    prefill_tokens: int = 0
+    decode_steps: int = 0
+    decode_tokens: int = 0          # sum of decode batch sizes
+    max_decode_batch: int = 0
+
+
+class LLMEngine:
+    def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device | str,
+                 dtype: torch.dtype, eos_token_ids: list[int], vocab_size: int):
+        self.config = config
+        self.device = torch.device(device)
+        self.eos_token_ids = set(eos_token_ids)
+        if len(self.eos_token_ids) > 8:
+            raise ValueError("at most 8 end-of-sequence token ids")
+        self.vocab_size = vocab_size
+        self.runner = ModelRunner(model, config, self.device, dtype)
+        if self.runner.num_blocks * config.block_size < config.max_model_len:
+            raise ValueError("the KV cache cannot hold one sequence of max_model_len tokens")
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.max_num_seqs)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.stats = EngineStats()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._by_id: dict[int, Sequence] = {}
+        self.in_flight: StepHandle | None = None
+        trace = os.environ.get(TRACE_ENV)
+        self.trace = StepTrace(trace) if trace else None
+
+    # -- called from any thread ---------------------------------------------------------------
+    def add(self, prompt_ids, params: SamplingParams, on_output=None) -> Sequence:
+        """Validate and queue a request; raises InvalidInput for a bad one. `prompt_ids`: token ids (a list
+        or an array), or a frame model's prompt object (anything with a len(): its number of positions)."""
+        if self.runner.frame_model:
+            seq = Sequence([], params, on_output, prompt=prompt_ids)
+        else:
+            ids = np.asarray(prompt_ids, dtype=np.int64)      # checked in numpy: ~10x a Python loop's speed
+            if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+                raise InvalidInput("input_ids", f"token ids must be in [0, {self.vocab_size})")
+            seq = Sequence(ids.tolist(), params, on_output)
+        seq.arrival = time.time()
+        if params.resolved:
+            # a pre step resolved it against its own max_model_len, which may be set above this engine's
+            params.check_fits(seq.prompt_len, self.config.max_model_len)
+        else:                   # in-process callers (benchmarks, tests) and requests sent straight here
+            params = params.resolve(seq.prompt_len, self.config.max_model_len, self.vocab_size)
+        seq.params = params
+        self._inbox.put(("add", seq))
+        self._wake.set()
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        self._inbox.put(("abort", seq))
+        self._wake.set()
+
+    # -- the loop thread ----------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or not self._inbox.empty() or self.in_flight is not None
+
+    def _drain_inbox(self) -> list[float]:
+        """Take the posted adds and aborts; returns the added requests' arrival times."""
+        arrivals = []
+        while True:
+            try:
+                op, seq = self._inbox.get_nowait()
+            except queue.Empty:
+                return arrivals
+            if op == "add":
+                arrivals.append(seq.arrival)
+                self._by_id[seq.seq_id] = seq
+                self.scheduler.add(seq)
+            elif seq.seq_id in self._by_id:
+                self._finish(seq, "abort")
+                self._emit(seq, [], "abort")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self._by_id.pop(seq.seq_id, None)
+
+    @staticmethod
+    def _emit(seq: Sequence, new: list[int], reason: str | None) -> None:
+        if seq.on_output is not None:
+            seq.on_output(seq, new, reason)
+
+    def step(self) -> list[tuple[Sequence, list[int], str | None]]:
+        """Launch the next step, then collect the previous one's results while the device works.
+        A sequence that ends on a stop token is thus decoded once more; that token is dropped."""
+        t = time.time()
+        arrivals = self._drain_inbox()
+        hold = self._prefill_hold(t)
+        batch = self.scheduler.schedule(prefill=hold <= 0)
+        launched = None
+        if batch is not None:
+            if batch.is_prefill:
+                for seq in batch.seqs:
+                    seq.scheduled = t
+                self.runner.admit(batch.seqs, self.eos_token_ids)
+                launched = self.runner.prefill(batch.seqs)
+                self.stats.prefill_steps += 1
+                self.stats.prefill_tokens += sum(s.prompt_len for s in batch.seqs)
+            else:
+                launched = self.runner.decode(batch.seqs)
+                self.stats.decode_steps += 1
+                self.stats.decode_tokens += len(batch.seqs)
+                self.stats.max_decode_batch = max(self.stats.max_decode_batch, len(batch.seqs))
+            for seq in batch.seqs:
+                seq.num_launched += 1
+        previous, self.in_flight = self.in_flight, launched
+        launched_at = time.time()
+        outputs = self._collect(previous) if previous is not None else []
+        if batch is None and previous is None and hold > 0:    # nothing to do but wait for prompts
+            self._wake.wait(hold)
+            self._wake.clear()
+        if self.trace is not None:
+            self.trace.step(t, arrivals, batch, launched_at)
+        return outputs
+
+    def _prefill_hold(self, now: float) -> float:
+        """Seconds the waiting prompts should still wait for more to arrive (config.prefill_quiet_ms);
+        0: prefill them now."""
+        waiting, cfg = self.scheduler.waiting, self.config
+        if cfg.prefill_quiet_ms <= 0 or not waiting or self.scheduler.prefill_is_full():
+            return 0.0
+        quiet = waiting[-1].arrival + cfg.prefill_quiet_ms / 1e3 - now
+        deadline = waiting[0].arrival + cfg.prefill_max_wait_ms / 1e3 - now
+        return max(0.0, min(quiet, deadline))
+
+    def _collect(self, handle: StepHandle) -> list[tuple[Sequence, list[int], str | None]]:
+        tokens, codes = handle.result()
+        outputs = []
+        for seq, tok, code in zip(handle.seqs, tokens, codes):
+            if seq.status is Status.FINISHED:        # aborted, or ended a step earlier
+                continue
+            new, reason = [tok], None
+            if code == FINISH_STOP:
+                new, reason = [], "stop"
+            else:
+                seq.output_ids.append(tok)
+                if code == FINISH_LENGTH:
+                    reason = "length"
+            if reason is not None:
+                self._finish(seq, reason)
+            outputs.append((seq, new, reason))
+        for seq, new, reason in outputs:
+            self._emit(seq, new, reason)
+        return outputs
+
+    def run_until_done(self) -> None:
+        while self.has_work():
+            self.step()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        """Synchronous helper: run prompts to completion in this thread; returns output ids (frames)."""
+        seqs = [self.add(p, params) for p in prompts]
+        self.run_until_done()
+        return [s.output_ids for s in seqs]
+
+
+class EngineThread:
+    """Runs `engine.step()` in a daemon thread whenever there is work."""
+
+    def __init__(self, engine: LLMEngine, on_error=None):
+        self.engine = engine
+        self.on_error = on_error
+        self._stop = False
+        self.thread = threading.Thread(target=self._loop, name="ar-engine", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        eng = self.engine
+        while not self._stop:
+            if not eng.has_work():
+                if eng.trace is not None:
+                    eng.trace.flush()
+                eng._wake.wait(timeout=0.5)
+                eng._wake.clear()
+                continue
+            try:
+                eng.step()
+            except Exception as exc:  # noqa: BLE001 - fail the running requests, keep serving
+                if self.on_error is not None:
+                    self.on_error(exc)
+                eng.in_flight = None
+                for seq in list(eng.scheduler.running) + list(eng.scheduler.waiting):
+                    eng._finish(seq, "error")
+                    eng._emit(seq, [], "error")
+        if eng.trace is not None:
+            eng.trace.flush()
+
+    def stop(self) -> None:
+        self._stop = True
+        self.engine._wake.set()
+        self.thread.join(timeout=10)

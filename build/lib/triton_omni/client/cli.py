@@ -1,0 +1,251 @@
+"""`python -m triton_omni.client TASK ...`: one subcommand per task, outputs written to files.
+
+    python -m triton_omni.client chat --model qwen3_chat "Write a haiku" -o answer.txt
+    python -m triton_omni.client speech --model orpheus_tts "Hello there" --voice tara -o hello.wav
+    python -m triton_omni.client transcribe --model whisper speech.wav
+    python -m triton_omni.client image --model z_image_turbo "a red fox" --size 512x512 -o fox.png
+    python -m triton_omni.client edit --model flux2_klein --image fox.png "make it blue" -o blue.png
+    python -m triton_omni.client video --model wan "waves at dusk" --seconds 2 -o waves.mp4
+
+`--url host:8001` talks gRPC (default), `--url http://host:8000` HTTP. Streamed text goes to stdout
+as it arrives; progress and statistics go to stderr, so stdout stays clean for pipes.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from triton_omni.client.chat import ChatClient
+from triton_omni.client.image import ImageClient
+from triton_omni.client.speech import FORMATS, SpeechClient
+from triton_omni.client.transcribe import TranscribeClient
+from triton_omni.client.video import VideoClient
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def progress(what: str):
+    """Elapsed time on stderr while a long request runs (the models report no finer progress)."""
+    stop = threading.Event()
+    start = time.monotonic()
+    live = sys.stderr.isatty()
+
+    def tick():
+        while not stop.wait(0.5):
+            print(f"\r[{what}] {time.monotonic() - start:6.1f} s", end="", file=sys.stderr, flush=True)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    if live:
+        ticker.start()
+    else:
+        log(f"[{what}] started")
+    try:
+        yield
+    finally:
+        stop.set()
+        if live:
+            ticker.join()
+            print("\r", end="", file=sys.stderr)
+        log(f"[{what}] done in {time.monotonic() - start:.1f} s")
+
+
+def numbered(path: Path, i: int, n: int) -> Path:
+    """out.png for one image; out-1.png, out-2.png, ... for several."""
+    return path if n == 1 else path.with_name(f"{path.stem}-{i + 1}{path.suffix}")
+
+
+def write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    log(f"wrote {path} ({len(data)} bytes)")
+
+
+# -- tasks ---------------------------------------------------------------------------------------
+def chat(args) -> int:
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+        [{"role": "user", "content": args.prompt}]
+    sampling = {k: v for k, v in {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                                  "top_p": args.top_p, "seed": args.seed, "stop": args.stop or None,
+                                  "ignore_eos": args.ignore_eos or None}.items() if v is not None}
+    client = ChatClient(args.url, timeout_s=args.timeout)
+    parts, last = [], None
+    start = time.monotonic()
+    for chunk in client.stream(args.model, messages=messages, sampling=sampling, stream=not args.no_stream):
+        print(chunk.text, end="", flush=True)
+        parts.append(chunk.text)
+        last = chunk
+    print()
+    if last is not None:
+        log(f"[chat] finish_reason={last.finish_reason} prompt_tokens={last.prompt_tokens} "
+            f"completion_tokens={last.completion_tokens} in {time.monotonic() - start:.2f} s")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("".join(parts))
+        log(f"wrote {args.out}")
+    return 0
+
+
+def speech(args) -> int:
+    client = SpeechClient(args.url, timeout_s=args.timeout)
+    ref_audio = args.reference_audio.read_bytes() if args.reference_audio else None
+    sampling = {"seed": args.seed} if args.seed is not None else None
+    common = dict(voice=args.voice, speed=args.speed, sampling=sampling, reference_audio=ref_audio,
+                  reference_text=args.reference_text, instructions=args.instructions, language=args.language)
+    out = args.out or Path(f"speech.{'pcm' if args.stream else args.format}")
+    if args.stream:
+        # Raw PCM as it is synthesized: the file grows while the model speaks.
+        out.parent.mkdir(parents=True, exist_ok=True)
+        total, rate, start = 0, 0, time.monotonic()
+        with out.open("wb") as f:
+            for chunk in client.stream(args.model, args.text, **common):
+                f.write(chunk.audio)
+                f.flush()
+                total, rate = total + len(chunk.audio), chunk.sample_rate or rate
+                seconds = total / 2 / rate if rate else 0.0
+                print(f"\r[speech] {seconds:6.2f} s of audio in {time.monotonic() - start:.2f} s",
+                      end="", file=sys.stderr, flush=True)
+        log(f"\nwrote {out} (s16le mono PCM at {rate} Hz, {total} bytes)")
+        return 0
+    with progress("speech"):
+        result = client.synthesize(args.model, args.text, response_format=args.format, **common)
+    write(out, result.audio)
+    log(f"[speech] sample_rate={result.sample_rate} finish_reason={result.finish_reason}")
+    return 0
+
+
+def transcribe(args) -> int:
+    with progress("transcribe"):
+        text = TranscribeClient(args.url, timeout_s=args.timeout).transcribe(args.model, args.audio.read_bytes(),
+                                                                            args.language)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+        log(f"wrote {args.out}")
+    return 0
+
+
+def _image_kwargs(args) -> dict:
+    return dict(negative_prompt=args.negative_prompt, size=args.size, num_inference_steps=args.steps,
+                guidance_scale=args.guidance_scale, seed=args.seed)
+
+
+def image(args) -> int:
+    client = ImageClient(args.url, timeout_s=args.timeout)
+    with progress("image"):
+        images = client.generate(args.model, args.prompt, n=args.n, output_format=args.format, **_image_kwargs(args))
+    out = args.out or Path(f"image.{args.format}")
+    for i, data in enumerate(images):
+        write(numbered(out, i, len(images)), data)
+    return 0
+
+
+def edit(args) -> int:
+    client = ImageClient(args.url, timeout_s=args.timeout)
+    with progress("edit"):
+        images = client.edit(args.model, [p.read_bytes() for p in args.image], args.prompt, n=args.n,
+                             output_format=args.format, **_image_kwargs(args))
+    out = args.out or Path(f"edit.{args.format}")
+    for i, data in enumerate(images):
+        write(numbered(out, i, len(images)), data)
+    return 0
+
+
+def video(args) -> int:
+    client = VideoClient(args.url, timeout_s=args.timeout)
+    first_frame = args.image.read_bytes() if args.image else None
+    with progress("video"):
+        data = client.generate(args.model, args.prompt, seconds=args.seconds, image=first_frame, **_image_kwargs(args))
+    write(args.out or Path("video.mp4"), data)
+    return 0
+
+
+# -- arguments -----------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m triton_omni.client", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default="localhost:8001",
+                        help="Triton server: host:port for gRPC (default localhost:8001) or http://host:port")
+    common.add_argument("--model", required=True, help="the model's name (its ensemble YAML's name)")
+    common.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for a response")
+    common.add_argument("-o", "--out", type=Path, default=None, help="output file")
+    sub = ap.add_subparsers(dest="task", required=True)
+
+    c = sub.add_parser("chat", parents=[common], help="chat; the answer streams to stdout")
+    c.add_argument("prompt")
+    c.add_argument("--system", default=None)
+    c.add_argument("--max-tokens", type=int, default=None)
+    c.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+    c.add_argument("--top-p", type=float, default=None)
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    c.add_argument("--ignore-eos", action="store_true", help="generate max_tokens tokens whatever comes")
+    c.add_argument("--no-stream", action="store_true", help="ask for the whole answer in one response")
+    c.set_defaults(run=chat)
+
+    s = sub.add_parser("speech", parents=[common], help="text to speech, written to a file")
+    s.add_argument("text")
+    s.add_argument("--voice", default=None)
+    s.add_argument("--format", choices=FORMATS, default="wav")
+    s.add_argument("--speed", type=float, default=None)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--reference-audio", type=Path, default=None, help="audio file of the voice to clone")
+    s.add_argument("--reference-text", default=None, help="what the reference audio says")
+    s.add_argument("--instructions", default=None, help="how to speak (models that take instructions)")
+    s.add_argument("--language", default=None, help="the text's language (models that take one; default auto)")
+    s.add_argument("--stream", action="store_true", help="write raw PCM (s16le mono) as it is synthesized")
+    s.set_defaults(run=speech)
+
+    t = sub.add_parser("transcribe", parents=[common], help="speech to text")
+    t.add_argument("audio", type=Path)
+    t.add_argument("--language", default=None)
+    t.set_defaults(run=transcribe)
+
+    def image_args(p, formats=True):
+        p.add_argument("prompt")
+        p.add_argument("--negative-prompt", default=None)
+        p.add_argument("--size", default=None, help="WxH, e.g. 1024x1024")
+        p.add_argument("--steps", type=int, default=None, help="num_inference_steps")
+        p.add_argument("--guidance-scale", type=float, default=None)
+        p.add_argument("--seed", type=int, default=None)
+        if formats:
+            p.add_argument("-n", type=int, default=None, help="number of images")
+            p.add_argument("--format", choices=["png", "jpeg", "webp"], default="png")
+
+    i = sub.add_parser("image", parents=[common], help="text to image")
+    image_args(i)
+    i.set_defaults(run=image)
+    e = sub.add_parser("edit", parents=[common], help="edit images following a prompt")
+    image_args(e)
+    e.add_argument("--image", type=Path, action="append", required=True, help="input image (repeatable)")
+    e.set_defaults(run=edit)
+    v = sub.add_parser("video", parents=[common], help="text (+ first frame) to video")
+    image_args(v, formats=False)
+    v.add_argument("--seconds", type=float, default=None)
+    v.add_argument("--image", type=Path, default=None, help="first frame")
+    v.set_defaults(run=video)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        log("\ninterrupted (the request was cancelled)")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line for the user, not a traceback
+        message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
+        log(f"error: {message}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

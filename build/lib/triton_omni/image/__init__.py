@@ -1,0 +1,1 @@
+"""Image generation and editing: text encoders, batched denoise loops, VAE decode/encode."""

@@ -1,0 +1,1 @@
+"""FLUX.2-klein: its pre, text encoder, denoise and VAE decode steps."""

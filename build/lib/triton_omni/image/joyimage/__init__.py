@@ -1,0 +1,1 @@
+"""JoyAI-Image-Edit: the steps of its diffusers pipeline."""

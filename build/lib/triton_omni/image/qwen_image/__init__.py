@@ -1,0 +1,1 @@
+"""Qwen-Image-Edit and Edit Plus: the steps of their diffusers pipelines."""

@@ -1,0 +1,1 @@
+"""Media encoding and decoding with PyAV / Pillow: audio (WAV, FLAC, MP3, Opus, PCM), images, video."""

@@ -1,0 +1,1 @@
+"""Model implementations for the engines, loading Hugging Face-format checkpoints unchanged."""

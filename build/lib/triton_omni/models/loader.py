@@ -1,0 +1,77 @@
+"""Load Hugging Face-format checkpoints (config.json + *.safetensors) into our model classes.
+
+Parameter names stay the checkpoint's own; a model class lists the projections it fuses
+(`packed`: "q_proj" -> ("qkv_proj", 0)) and may rename prefixes (`rename`: e.g. the language model
+inside a multimodal checkpoint). Every parameter must be filled, or loading fails naming the missing.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+
+def checkpoint_tensors(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors files")
+    for name in files:
+        with safe_open(str(folder / name), framework="pt") as f:
+            for key in f.keys():
+                yield key, f.get_tensor(key)
+
+
+def load_weights(model: nn.Module, folder: str | Path,
+                 tensors: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+    """Fill the model from the folder's tensors (`tensors`: others in their place, e.g. meta tensors of
+    the headers' shapes, which checks names and shapes without reading weights)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    packed: dict[str, tuple[str, int]] = getattr(model, "packed", {})
+    rename: dict[str, str] = getattr(model, "rename", {})
+    skip: tuple[str, ...] = getattr(model, "skip_prefixes", ())
+    filled: set[str] = set()
+    for name, tensor in checkpoint_tensors(folder) if tensors is None else tensors:
+        for old, new in rename.items():
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        if name.startswith(skip):
+            continue
+        target = name
+        part = None
+        for frag, (merged, index) in packed.items():
+            if f".{frag}." in name:
+                target, part = name.replace(f".{frag}.", f".{merged}."), index
+                break
+        if target not in params:
+            raise KeyError(f"{folder}: checkpoint tensor {name!r} has no place in {type(model).__name__}")
+        param = params[target]
+        with torch.no_grad():
+            if part is None:
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+                param.copy_(tensor)
+            else:
+                module = model.get_submodule(target.rsplit(".", 1)[0])
+                module.load_part(part, tensor, target.rsplit(".", 1)[1])
+        filled.add(f"{target}#{part}" if part is not None else target)
+    tied = {n for n, p in params.items() if any(p is q for m, q in params.items() if m != n)}
+    missing = []
+    for n, p in params.items():
+        mod = n.rsplit(".", 1)
+        owner = model.get_submodule(mod[0]) if len(mod) == 2 else model
+        parts = len(getattr(owner, "out_sizes", [])) if hasattr(owner, "load_part") else 0
+        names = [f"{n}#{i}" for i in range(parts)] if parts else [n]
+        if not all(x in filled for x in names) and not (n in tied and any(t in filled for t in tied)):
+            missing.append(n)
+    if missing:
+        raise KeyError(f"{folder}: checkpoint lacks {len(missing)} parameter(s), e.g. {missing[:5]}")

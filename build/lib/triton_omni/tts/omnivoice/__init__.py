@@ -1,0 +1,1 @@
+"""OmniVoice: masked iterative decoding over a bidirectional Qwen3, its codec and the steps."""
