@@ -235,9 +235,11 @@ def write_repository(configs: list[EnsembleConfig], out: Path, target: str, clea
     """Write the repository. `location`: where it will be served from, if not `out` (relative
     checkpoint paths are kept only for a repository inside the project). With `clean`, models and
     files not generated from these configs are removed."""
+    from triton_omni.client.progress import bar
+
     out = Path(out)
     files: dict[str, str] = {}
-    for cfg in configs:
+    for cfg in bar(configs, desc="model repository", unit="model"):
         files.update(repository_files(cfg, target, Path(location or out)))
     models = {p.split("/")[0] for p in files}
     if clean and out.exists():

@@ -169,13 +169,15 @@ class ARDecode(Step):
         return {"input_ids": (self.params.max_model_len,)}      # a longer prompt can never fit the context
 
     def warmup_inputs(self, spec) -> list[dict]:
-        """Prompts of random ids of each `tokens` length (default 16), a few greedy tokens each."""
+        """Prompts of random ids of each `tokens` length (default 16), a few tokens each, greedy and
+        sampled (top-k, top-p: the sampler's other path)."""
         rng = np.random.default_rng(0)
         vocab = self.engine.vocab_size
-        return [{"input_ids": rng.integers(0, vocab, n, dtype=np.int32),
-                 "sampling": string_array(json.dumps({"max_tokens": 4, "temperature": 0.0, "ignore_eos": True})),
+        greedy = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True, "seed": 0}
+        sampled = {**greedy, "temperature": 0.7, "top_p": 0.9, "top_k": 20}
+        return [{"input_ids": rng.integers(0, vocab, n, dtype=np.int32), "sampling": string_array(json.dumps(s)),
                  "stream": np.array([True])}
-                for n in spec.tokens or [16] if n + 4 <= self.params.max_model_len]
+                for n in spec.tokens or [16] if n + 4 <= self.params.max_model_len for s in (greedy, sampled)]
 
     def make_engine(self, folder) -> LLMEngine:
         """The engine (a subclass may decode another kind of model: see tts/frame_talker.py)."""
