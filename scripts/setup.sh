@@ -10,14 +10,16 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=".venv/.installed-$(cat pyproject.toml setup.py scripts/setup.sh | sha1sum | cut -c1-12)"
+# pip's own progress bars on a terminal; quiet in CI and in logs
+Q=-q; if [ -t 1 ] && [ -z "${CI:-}" ]; then Q=--progress-bar=on; fi
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing dependencies into .venv (first run takes a few minutes)"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q "$TORCH_SPEC"
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install $Q --upgrade pip
+  .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install $Q "$TORCH_SPEC"
+  .venv/bin/python -m pip install $Q -e '.[test]'
   # The Kokoro parity test's reference (its KModel needs only torch, transformers and loguru; its
   # declared dependencies bring misaki's spaCy G2P, which the test does not import)
-  .venv/bin/python -m pip install -q --no-deps kokoro==0.9.4
+  .venv/bin/python -m pip install $Q --no-deps kokoro==0.9.4
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

@@ -7,8 +7,11 @@ The tests run in file order: the warmup test must send the server's first reques
 """
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -18,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from triton_omni.client.chat import ChatClient
 from triton_omni.client.image import ImageClient
 from triton_omni.client.speech import SpeechClient
-from tests.conftest import running_server
+from tests.conftest import ROOT, running_server
 from tests.test_openai_proxy import request, running_proxy
 
 MODELS = ["qwen3_chat", "orpheus_tts", "z_image_turbo"]
@@ -240,3 +243,18 @@ def test_playground_streams_chat_plays_speech_shows_an_image(proxy, browser, tmp
     assert width == 64
     browser.save_screenshot(str(tmp_path / "playground.png"))
     print(f"playground screenshots in {tmp_path}")
+
+
+@pytest.mark.server
+def test_proxy_benchmark_runs_in_its_tiny_mode(server, tmp_path):
+    """perf_analyzer_configs/benchmarks/bench_proxy.py --smoke against this server: both paths, rows written."""
+    out = tmp_path / "proxy.json"
+    run = subprocess.run([sys.executable, "-m", "perf_analyzer_configs.benchmarks.bench_proxy", "--smoke",
+                          "--triton-url", server.grpc_url, "--workdir", str(tmp_path), "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [
+        ("direct gRPC", 1), ("through the proxy", 1), ("direct gRPC", 4), ("through the proxy", 4)]
+    assert all(r["output_tokens"] == 8 * r["concurrency"] and r["tokens_per_s"] > 0 for r in rows)
+    assert (tmp_path / "proxy.png").exists()
