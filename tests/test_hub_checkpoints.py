@@ -73,3 +73,17 @@ def test_hf_checkpoint_errors_name_the_repository(offline_cache, tmp_path):
     with pytest.raises(SystemExit, match="hf:ORG/REPO"):
         main(["build", "--models", "qwen3_chat", "--checkpoint", "qwen3_chat=hf:not-a-repo", "--out", str(tmp_path / "r")])
     assert hub.parse("hf:a/b@main") == ("a/b", "main") and hub.parse("hf:a/b") == ("a/b", None)
+
+
+def test_readme_lists_each_models_released_checkpoints():
+    import yaml
+
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    for path in sorted((ROOT / "ensemble_configs").glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        repos = raw.get("hub", {}).get("repos", [])
+        assert repos, f"{path.name}: no hub.repos"
+        row = f"| `{raw['name']}` | " + ", ".join(f"`{r}`" for r in repos) + " |"
+        assert row in readme, row
