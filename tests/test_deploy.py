@@ -11,7 +11,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -44,6 +43,7 @@ def test_dockerfile_lints_clean_with_hadolint():
 
 
 def test_docker_requirements_pin_every_runtime_dependency():
+    tomllib = pytest.importorskip("tomllib")           # Python >= 3.11
     name = lambda spec: re.split(r"[\[<>=!~; ]", spec, maxsplit=1)[0].lower().replace("_", "-")  # noqa: E731
     wanted = {name(d) for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
     lines = [ln.split("#")[0].strip() for ln in (ROOT / "docker" / "requirements.txt").read_text().splitlines()]

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from perf_analyzer_configs import results
+from triton_omni.client.progress import bar
 from perf_analyzer_configs.benchmarks.ar_checkpoints import SHAPES, prompts, random_text, write_checkpoint
 from perf_analyzer_configs.benchmarks.common import device_name, percentile, release_memory, start_server, versions
 
@@ -506,9 +507,12 @@ def main() -> int:
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     args.bandwidth = copy_bandwidth(device)
     rows = []
+    parts = bar(total=len(args.models) * len(args.modes), desc="models x modes", unit="part")
     for name in args.models:
         folder = write_checkpoint(name, Path(args.workdir) / "checkpoints")
         for mode in args.modes:
+            parts.set_postfix_str(f"{name} {mode}")
+            parts.update()
             if mode == "inprocess":
                 rows += bench_inprocess(name, folder, args, device)
             elif mode == "server":

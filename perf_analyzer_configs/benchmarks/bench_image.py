@@ -33,6 +33,7 @@ import triton_omni.image.denoise
 import triton_omni.image.text_encoder
 import triton_omni.image.vae
 from perf_analyzer_configs import results
+from triton_omni.client.progress import bar
 from perf_analyzer_configs.benchmarks.ar_checkpoints import QWEN3_COMMON, SPECIALS
 from perf_analyzer_configs.benchmarks.common import (ROOT, device_name, percentile, release_memory, start_server,
                                                      versions)
@@ -519,7 +520,7 @@ def main() -> int:
     if not cuda:
         torch.set_num_threads(1)   # a CPU check shares its cores; threads spinning against each other cost 10x
     matmul, rows, notes = matmul_tflops(cuda), [], list(args.note)
-    for name in args.models:
+    for name in bar(args.models, desc="models", unit="model"):
         spec = spec_for(name, args.shapes)
         ctx = argparse.Namespace(name=name, spec=spec, tcfg=spec["transformer"][1], cuda=cuda, args=args, matmul=matmul,
                                  device="cuda:0" if cuda else "cpu", steps=None, steps_compiled=None, own_transformer=None, pipe=None,
