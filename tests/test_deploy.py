@@ -33,6 +33,21 @@ def run_steps() -> list[list[str]]:
     return steps
 
 
+def dockerignored(root: Path):
+    """A copytree `ignore` that leaves out what .dockerignore names (its plain and `**/` patterns)."""
+    import fnmatch
+
+    patterns = [p.strip() for p in (root / ".dockerignore").read_text().splitlines()
+                if p.strip() and not p.startswith("#")]
+
+    def ignore(folder, names):
+        rel = Path(folder).relative_to(root)
+        return {n for n in names for p in patterns
+                if fnmatch.fnmatch((rel / n).as_posix(), p) or (p.startswith("**/") and fnmatch.fnmatch(n, p[3:]))}
+
+    return ignore
+
+
 def test_dockerfile_lints_clean_with_hadolint():
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     if not Path(hadolint).exists():
@@ -71,12 +86,15 @@ def test_dockerfile_install_steps_run(tmp_path):
     assert deps.returncode == 0, deps.stderr[-3000:]
     installed = {i["metadata"]["name"].lower().replace("_", "-") for i in json.loads((tmp_path / "r.json").read_text())["install"]}
     assert {"torch", "transformers", "numpy", "tritonclient", "prometheus-client"} <= installed
-    # 2. the project from the build context, into a fresh venv (the image's Python has the rest)
+    # 2. the project from the build context (the repository less .dockerignore's paths, as `COPY . .`
+    #    sees it), into a fresh venv (the image's Python has the rest)
+    context = tmp_path / "context"
+    shutil.copytree(ROOT, context, ignore=dockerignored(ROOT), symlinks=True)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
     cmd = [str(py) if a == "python3" else a for a in steps[1]]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, cwd=context, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())

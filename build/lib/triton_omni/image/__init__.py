@@ -1,1 +1,0 @@
-"""Image generation and editing: text encoders, batched denoise loops, VAE decode/encode."""

@@ -1,1 +1,0 @@
-"""FLUX.2-klein: its pre, text encoder, denoise and VAE decode steps."""

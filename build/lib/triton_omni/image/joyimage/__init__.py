@@ -1,1 +1,0 @@
-"""JoyAI-Image-Edit: the steps of its diffusers pipeline."""

@@ -1,1 +1,0 @@
-"""Qwen-Image-Edit and Edit Plus: the steps of their diffusers pipelines."""

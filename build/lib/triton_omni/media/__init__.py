@@ -1,1 +1,0 @@
-"""Media encoding and decoding with PyAV / Pillow: audio (WAV, FLAC, MP3, Opus, PCM), images, video."""

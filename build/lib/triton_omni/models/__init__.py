@@ -1,1 +1,0 @@
-"""Model implementations for the engines, loading Hugging Face-format checkpoints unchanged."""

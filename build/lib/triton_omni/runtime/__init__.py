@@ -1,1 +1,0 @@
-"""What every step model shares: tensor specs, typed parameters, requests, errors, the Triton adapter."""

@@ -1,1 +1,0 @@
-"""Text in and out: tokenizers, chat templates, incremental detokenization, stop strings."""

@@ -1,1 +1,0 @@
-"""Orpheus TTS: a Llama talker on the AR engine speaking SNAC audio tokens, and the SNAC decoder."""
