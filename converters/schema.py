@@ -137,6 +137,10 @@ class EnsembleConfig:
     # the released Hugging Face repositories (`repos`, for the README) and which of their files the model
     # loads (`allow_patterns`, for `--checkpoint NAME=hf:ORG/REPO`; default: converters/hub.py's)
     hub: dict[str, Any] = field(default_factory=dict)
+    # "unbatched": the front takes one request per call with inputs of shape [1] and no batch
+    # dimension (max_batch_size 0), as Triton's vLLM backend models do, so that backend's clients and
+    # genai-perf's vLLM mode call it unchanged; "batched" (default): [1, ...] like every step
+    front_shape: str = "batched"
 
     def front_count(self, target: str) -> int:
         return per_target(self.front_instances, target)
@@ -259,6 +263,10 @@ def load_ensemble(path: str | Path) -> EnsembleConfig:
         hub=_check_hub(path, raw.get("hub")))
     if "front_instances" in raw:
         cfg.front_instances = _check_count(path, "front_instances", raw["front_instances"])
+    if "front_shape" in raw:
+        if raw["front_shape"] not in ("batched", "unbatched"):
+            raise ConfigError(path, "front_shape", "expected batched or unbatched")
+        cfg.front_shape = raw["front_shape"]
     for k in cfg.parameters:
         if not any(k in field_types(s.cls.Params) for s in cfg.steps):
             raise ConfigError(path, f"parameters.{k}", "no step has such a parameter")

@@ -22,6 +22,7 @@ VERSION = "1"        # bump when a checkpoint's content changes, so old folders 
 
 def builders() -> dict:
     """name -> builder(out folder). Imported here, on demand: each builder module needs its own libraries."""
+    from triton_omni.converters.tiny_asr import BUILDERS as ASR
     from triton_omni.converters.tiny_bagel import BUILDERS as BAGEL
     from triton_omni.converters.tiny_chat import BUILDERS as CHAT
     from triton_omni.converters.tiny_chatterbox import BUILDERS as CHATTERBOX
@@ -32,7 +33,7 @@ def builders() -> dict:
     from triton_omni.converters.tiny_qwen3_tts import BUILDERS as QWEN3_TTS
     from triton_omni.converters.tiny_tts import BUILDERS as TTS
 
-    return {**CHAT, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL}
+    return {**CHAT, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **ASR}
 
 
 def _stamp(builder) -> str:

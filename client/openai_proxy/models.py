@@ -34,6 +34,7 @@ class ServedModel:
     route: str
     description: str
     created: int          # when this proxy first saw it ready: OpenAI's `created`
+    batched: bool = True  # inputs with a batch dimension (max_batch_size > 0); the chat models' fronts: none
 
 
 def served_model(name: str, config: dict) -> ServedModel | None:
@@ -45,7 +46,8 @@ def served_model(name: str, config: dict) -> ServedModel | None:
     if route not in ROUTES:
         log.warning("skipping %s: unknown openai_route %r (known: %s)", name, route, ", ".join(ROUTES))
         return None
-    return ServedModel(name, route, params.get(DESCRIPTION_PARAMETER, ""), int(time.time()))
+    return ServedModel(name, route, params.get(DESCRIPTION_PARAMETER, ""), int(time.time()),
+                       int(config.get("max_batch_size", 0)) > 0)
 
 
 class ModelTable:
