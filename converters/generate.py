@@ -176,6 +176,8 @@ def front_config(cfg: EnsembleConfig, wiring: Wiring, target: str) -> mc.ModelCo
     m.parameters["abort_models"].string_value = ",".join(streaming_steps(cfg))
     if unbatched:   # the front adds the batch dimension the ensemble's steps take
         m.parameters["ensemble_batched"].string_value = "true"
+    if cfg.warmup.get("enabled", True) is not False:
+        _triton_warmup(m)      # the front answers it itself (runtime/front.py): its ensemble may not be loaded yet
     _describe_route(m, cfg)
     return m
 

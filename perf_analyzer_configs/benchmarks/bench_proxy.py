@@ -52,7 +52,7 @@ def run_direct(url: str, c: int, args) -> tuple[float, list[dict]]:
     import tritonclient.grpc as grpcclient
 
     from triton_omni.client.tensors import make_inputs
-    from triton_omni.client.triton import host_port, is_final_response
+    from triton_omni.client.triton import host_port, is_final_response, model_config
 
     first, tokens, errors = [None] * c, [0] * c, []
     left, done = [c], threading.Event()
@@ -76,9 +76,10 @@ def run_direct(url: str, c: int, args) -> tuple[float, list[dict]]:
             if left[0] == 0:
                 done.set()
 
+    batched = int(model_config(url, MODEL).get("max_batch_size", 0)) > 0   # the chat fronts take [1] inputs
     requests = [make_inputs(grpcclient, {"messages": ([{"role": "user", "content": prompt_text(i, args.prompt_words)}],
                                                       "BYTES"),
-                                         "sampling_parameters": (sampling, "BYTES"), "stream": (True, "BOOL")})
+                                         "sampling_parameters": (sampling, "BYTES"), "stream": (True, "BOOL")}, batched)
                 for i in range(c)]
     client = grpcclient.InferenceServerClient(host_port(url))
     client.start_stream(callback=on_response)

@@ -216,9 +216,13 @@ class ARDecode(Step):
         vocab = self.engine.vocab_size
         greedy = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True, "seed": 0}
         sampled = {**greedy, "temperature": 0.7, "top_p": 0.9, "top_k": 20}
+        # a chat request's answer is split into reasoning and content (reply_options; text models only)
+        chat = "reply_options" in {t.name for t in self.inputs} and hasattr(self, "markers")
+        options = [{}] + ([{"reply_options": string_array('{"reasoning": true}')}] if chat else [])
         return [{"input_ids": rng.integers(0, vocab, n, dtype=np.int32), "sampling": string_array(json.dumps(s)),
-                 "stream": np.array([True])}
-                for n in spec.tokens or [16] if n + 4 <= self.params.max_model_len for s in (greedy, sampled)]
+                 "stream": np.array([True]), **o}
+                for n in spec.tokens or [16] if n + 4 <= self.params.max_model_len for s in (greedy, sampled)
+                for o in options]
 
     def make_engine(self, folder) -> LLMEngine:
         """The engine (a subclass may decode another kind of model: see tts/frame_talker.py)."""
