@@ -22,6 +22,7 @@ from pathlib import Path
 
 from triton_omni.client.chat import ChatClient
 from triton_omni.client.image import ImageClient
+from triton_omni.client.progress import bar, shown
 from triton_omni.client.speech import FORMATS, SpeechClient
 from triton_omni.client.transcribe import FORMATS as TRANSCRIPT_FORMATS, TranscribeClient
 from triton_omni.client.video import VideoClient
@@ -33,28 +34,28 @@ def log(msg: str) -> None:
 
 @contextmanager
 def progress(what: str):
-    """Elapsed time on stderr while a long request runs (the models report no finer progress)."""
+    """Elapsed time (a tqdm bar, client/progress.py) while a long request runs; a log line when not
+    shown (not a terminal, or CI)."""
     stop = threading.Event()
     start = time.monotonic()
-    live = sys.stderr.isatty()
+    with bar(desc=f"[{what}]", unit="s", total=None) as ticks:
 
-    def tick():
-        while not stop.wait(0.5):
-            print(f"\r[{what}] {time.monotonic() - start:6.1f} s", end="", file=sys.stderr, flush=True)
+        def tick():
+            while not stop.wait(0.5):
+                ticks.update(0.5)
 
-    ticker = threading.Thread(target=tick, daemon=True)
-    if live:
-        ticker.start()
-    else:
-        log(f"[{what}] started")
-    try:
-        yield
-    finally:
-        stop.set()
-        if live:
-            ticker.join()
-            print("\r", end="", file=sys.stderr)
-        log(f"[{what}] done in {time.monotonic() - start:.1f} s")
+        ticker = threading.Thread(target=tick, daemon=True)
+        if shown():
+            ticker.start()
+        else:
+            log(f"[{what}] started")
+        try:
+            yield
+        finally:
+            stop.set()
+            if ticker.is_alive():
+                ticker.join()
+    log(f"[{what}] done in {time.monotonic() - start:.1f} s")
 
 
 def numbered(path: Path, i: int, n: int) -> Path:

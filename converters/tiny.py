@@ -49,9 +49,12 @@ def _stamp(builder) -> str:
 def build(root: str | Path, names: list[str] | None = None) -> dict[str, Path]:
     """Build (or reuse) tiny checkpoints under root/<name>; returns name -> folder."""
     root = Path(root)
+    from triton_omni.client.progress import bar
+
     table = builders()
     done = {}
-    for name in names or list(table):
+    for name in (steps := bar(names or list(table), desc="tiny checkpoints", unit="checkpoint")):
+        steps.set_postfix_str(name)
         out = root / name
         stamp = out / ".tiny-version"
         if not (stamp.exists() and stamp.read_text() == _stamp(table[name])):

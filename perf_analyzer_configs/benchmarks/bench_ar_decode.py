@@ -34,6 +34,7 @@ import torch
 
 from perf_analyzer_configs import results
 from perf_analyzer_configs.benchmarks import fp8_accuracy
+from triton_omni.client.progress import bar
 from perf_analyzer_configs.benchmarks.ar_checkpoints import SHAPES, ensemble, prompts, random_text, write_checkpoint
 from perf_analyzer_configs.benchmarks.common import device_name, percentile, release_memory, start_server, versions
 from triton_omni.runtime.params import torch_dtype
@@ -502,7 +503,9 @@ PAGE = results.Page(
                             lambda r: f"{100 * r['roofline_share_c1']:.0f}%" if "roofline_share_c1" in r else "")],
     current=lambda r: fp8_accuracy.base_mode(r["mode"]) in CURRENT_MODES,
     order=lambda r: (list(SHAPES).index(r["model"]), CURRENT_MODES.index(fp8_accuracy.base_mode(r["mode"])),
-                     list(fp8_accuracy.WEIGHTS).index(fp8_accuracy.weights_of(r["mode"])), r["concurrency"]))
+                     list(fp8_accuracy.WEIGHTS).index(fp8_accuracy.weights_of(r["mode"])), r["concurrency"]),
+    plot=results.Plot(panels=[("tokens_per_s", "tokens/s"), ("ttft_ms_p50", "TTFT p50 (ms)"),
+                              ("tpot_ms_p50", "TPOT p50 (ms)")]))
 
 
 def main() -> int:
@@ -570,7 +573,7 @@ def main() -> int:
             print(notes[-1], flush=True)
             release_memory()
         parts = [(m, w) for m in args.modes for w in (args.weights if m in ("inprocess", "server") else ["bf16"])]
-        for mode, weights in parts:
+        for mode, weights in bar(parts, desc=name, unit="part"):
             if mode == "inprocess":
                 rows += bench_inprocess(name, folder, args, device, weights)
             elif mode == "server":

@@ -202,6 +202,8 @@ class LLMEngine:
         if batch is not None:
             constrained = [s for s in batch.seqs if s.matcher is not None]
             if batch.is_prefill:
+                for seq in batch.seqs:
+                    seq.scheduled = t
                 self.runner.admit(batch.seqs, self.eos_token_ids)
                 if constrained:
                     self.runner.load_masks(constrained)
