@@ -31,8 +31,9 @@ def builders() -> dict:
     from triton_omni.converters.tiny_omnivoice import BUILDERS as OMNIVOICE
     from triton_omni.converters.tiny_qwen3_tts import BUILDERS as QWEN3_TTS
     from triton_omni.converters.tiny_tts import BUILDERS as TTS
+    from triton_omni.converters.tiny_vision import BUILDERS as VISION
 
-    return {**CHAT, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL}
+    return {**CHAT, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **VISION}
 
 
 def _stamp(builder) -> str:

@@ -23,6 +23,7 @@ from triton_omni.ar.bookkeeping_reference import FINISH_LENGTH, FINISH_STOP
 from triton_omni.ar.block_manager import BlockManager
 from triton_omni.ar.config import EngineConfig
 from triton_omni.ar.model_runner import ModelRunner, StepHandle
+from triton_omni.ar.prompt_embeds import PromptEmbeds
 from triton_omni.ar.sampling import SamplingParams
 from triton_omni.ar.scheduler import Scheduler
 from triton_omni.ar.sequence import Sequence, Status
@@ -71,14 +72,15 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device | str,
-                 dtype: torch.dtype, eos_token_ids: list[int], vocab_size: int):
+                 dtype: torch.dtype, eos_token_ids: list[int], vocab_size: int, prompt_embeds: bool = False):
+        """`prompt_embeds`: requests may carry spliced embeddings and rotary positions (ar/prompt_embeds.py)."""
         self.config = config
         self.device = torch.device(device)
         self.eos_token_ids = set(eos_token_ids)
         if len(self.eos_token_ids) > 8:
             raise ValueError("at most 8 end-of-sequence token ids")
         self.vocab_size = vocab_size
-        self.runner = ModelRunner(model, config, self.device, dtype)
+        self.runner = ModelRunner(model, config, self.device, dtype, prompt_embeds)
         if self.runner.num_blocks * config.block_size < config.max_model_len:
             raise ValueError("the KV cache cannot hold one sequence of max_model_len tokens")
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.max_num_seqs)
@@ -92,9 +94,11 @@ class LLMEngine:
         self.trace = StepTrace(trace) if trace else None
 
     # -- called from any thread ---------------------------------------------------------------
-    def add(self, prompt_ids, params: SamplingParams, on_output=None) -> Sequence:
+    def add(self, prompt_ids, params: SamplingParams, on_output=None, embeds: PromptEmbeds | None = None) -> Sequence:
         """Validate and queue a request; raises InvalidInput for a bad one. `prompt_ids`: token ids (a list
-        or an array), or a frame model's prompt object (anything with a len(): its number of positions)."""
+        or an array), or a frame model's prompt object (anything with a len(): its number of positions).
+        `embeds`: rows spliced over placeholder tokens and the prompt's rotary positions (an engine
+        built with prompt_embeds=True)."""
         if self.runner.frame_model:
             seq = Sequence([], params, on_output, prompt=prompt_ids)
         else:
@@ -102,6 +106,11 @@ class LLMEngine:
             if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
                 raise InvalidInput("input_ids", f"token ids must be in [0, {self.vocab_size})")
             seq = Sequence(ids.tolist(), params, on_output)
+        if embeds is not None:
+            if not self.runner.spliced:
+                raise InvalidInput("prompt_embeds", "this model takes no prompt embeddings")
+            embeds.check(seq.prompt_len, self.runner.hidden_size, self.runner.rope_axes)
+            seq.embeds = embeds
         seq.arrival = time.time()
         if params.resolved:
             # a pre step resolved it against its own max_model_len, which may be set above this engine's
@@ -158,6 +167,8 @@ class LLMEngine:
             if batch.is_prefill:
                 self.runner.admit(batch.seqs, self.eos_token_ids)
                 launched = self.runner.prefill(batch.seqs)
+                for seq in batch.seqs:
+                    seq.embeds = None           # copied to the device by now: free the rows
                 self.stats.prefill_steps += 1
                 self.stats.prefill_tokens += sum(s.prompt_len for s in batch.seqs)
             else:

@@ -106,8 +106,9 @@ def enable_kernels(device, wanted: bool) -> None:
         dispatch.enable(True)
 
 
-def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, object]:
-    """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks)."""
+def build_engine(folder, params: ARParams, device: str, prompt_embeds: bool = False) -> tuple[LLMEngine, object]:
+    """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks).
+    `prompt_embeds`: an engine whose prompts may carry spliced embeddings (ar/prompt_embeds.py)."""
     dtype = torch_dtype(params.dtype)
     if params.load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {params.load_format!r}")
@@ -116,7 +117,7 @@ def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, obje
     enable_kernels(device, params.use_triton_kernels)
     vocab = model.config.vocab_size
     engine = LLMEngine(model, params.engine_config(), device, dtype,
-                       eos_token_ids(folder, tokenizer), vocab)
+                       eos_token_ids(folder, tokenizer), vocab, prompt_embeds=prompt_embeds)
     if engine.runner.use_graphs:
         engine.runner.capture_graphs()
     return engine, tokenizer
@@ -181,7 +182,11 @@ class ARDecode(Step):
         params = SamplingParams.from_resolved(request.json("sampling"))    # the pre step checked it
         streaming = bool(request.scalar("stream", False))
         reply = Reply(sink, TokenStream(self.token_bytes, params.stop), streaming, int(ids.shape[0]))
-        self.start(request, reply, ids, params)
+        self.start(request, reply, ids, params, self.prompt_embeds(request, ids))
+
+    def prompt_embeds(self, request: Request, ids):
+        """The request's spliced prompt embeddings (ar/embeds_step.py reads them); a text step has none."""
+        return None
 
     def handle_abort(self, request: Request, sink: ResponseSink) -> bool:
         """True if this request is the front's abort for others (then it is answered here): their
@@ -194,11 +199,13 @@ class ARDecode(Step):
         sink.send({}, final=True)
         return True
 
-    def start(self, request: Request, reply: Reply, prompt, params: SamplingParams) -> None:
-        """Queue the request on the engine; its outputs go to the delivery thread."""
+    def start(self, request: Request, reply: Reply, prompt, params: SamplingParams, embeds=None) -> None:
+        """Queue the request on the engine; its outputs go to the delivery thread. `embeds`: its
+        spliced prompt embeddings (ar/prompt_embeds.PromptEmbeds; ar/embeds_step.py)."""
         self.requests_started += 1
         reply.seq = self.engine.add(prompt, params,
-                                    on_output=lambda seq, new, reason: self.outbox.put((reply, new, reason)))
+                                    on_output=lambda seq, new, reason: self.outbox.put((reply, new, reason)),
+                                    embeds=embeds)
         reply.request_id = request.request_id
         with self.live_lock:
             if reply.request_id and self.aborted.pop(reply.request_id, None) is not None:

@@ -24,6 +24,10 @@ class ForwardContext:
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
     context_lens: torch.Tensor | None = None  # [B] int32, including the token being decoded
     max_context_len: int = 0              # host bound used by the torch reference path
+    # rotary positions, where they are not `positions` (a token's place in its sequence): [T] int64, or
+    # [A, T] with one row per rotary axis (multimodal rope: time, height, width). Set only by an engine
+    # that takes spliced prompt embeddings (ar/prompt_embeds.py); None everywhere else.
+    rope_positions: torch.Tensor | None = None
     # what a model derives from the host fields once per forward and every layer reuses (e.g. the
     # delta rule's chunk layout, uploaded once rather than once per layer)
     memo: dict = field(default_factory=dict)
