@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from triton_omni.client.openai_proxy.context import proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, missing
 from triton_omni.client.openai_proxy.fields import INT32_MAX, INT64_MAX, INT64_MIN, Fields, json_body, shown
+from triton_omni.client.openai_proxy.media import content_parts
 from triton_omni.client.openai_proxy.sse import DONE, event, sse_response
 from triton_omni.client.openai_proxy.triton import ClientGone, first_response
 from triton_omni.client.tensors import first, text
@@ -26,15 +27,17 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 UNSUPPORTED = ("tools", "functions", "audio", "prediction", "logit_bias")
 
 
-def parse_messages(body: Fields, max_chars: int) -> list[dict]:
-    """The messages, their text joined; refused past `max_chars` characters in all (the prompt the
-    model would tokenize), before anything is sent."""
+async def parse_messages(body: Fields, max_chars: int, allow_urls: bool = False,
+                         max_media_bytes: int = 0) -> tuple[list[dict], dict[str, list[bytes]]]:
+    """The messages, text parts joined (a message with images or videos keeps its parts, the media's
+    bytes going to the model's `images` / `videos` inputs: media.py); refused past `max_chars`
+    characters of text in all (the prompt the model would tokenize), before anything is sent."""
     raw = body.raw("messages")
     if raw is None:
         raise missing("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_field("messages", "expected a non-empty list of messages")
-    out, chars = [], 0
+    out, chars, media = [], 0, {}
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -43,21 +46,20 @@ def parse_messages(body: Fields, max_chars: int) -> list[dict]:
             raise bad_field(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {shown(m.get('role'))}")
         content = m.get("content")
         if isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_field(f"{where}.content[{j}]", "only text content parts are supported")
-                parts.append(part["text"])
-            content = "".join(parts)
+            parts, n = await content_parts(content, where, allow_urls, max_media_bytes, media)
+            texts_only = all(p["type"] == "text" for p in parts)
+            content = "".join(p["text"] for p in parts) if texts_only else parts
         elif content is None:
-            content = ""
+            content, n = "", 0
         elif not isinstance(content, str):
-            raise bad_field(f"{where}.content", "expected a string or a list of text parts")
-        chars += len(content)
+            raise bad_field(f"{where}.content", "expected a string or a list of content parts")
+        else:
+            n = len(content)
+        chars += n
         if chars > max_chars:
             raise bad_field("messages", f"the messages have more than {max_chars} characters in all")
         out.append({"role": m["role"], "content": content})
-    return out
+    return out, media
 
 
 def sampling_parameters(body: Fields) -> tuple[dict, str]:
@@ -124,7 +126,9 @@ async def chat_completions(request: Request):
     proxy = proxy_of(request)
     body = await json_body(request)
     model_name = body.string("model", required=True)
-    messages = parse_messages(body, proxy.settings.max_text_chars)
+    settings = proxy.settings
+    messages, media = await parse_messages(body, settings.max_text_chars, settings.allow_media_urls,
+                                           settings.max_upload_bytes)
     sampling, length_field = sampling_parameters(body)
     check_unsupported(body)
     stream = body.boolean("stream", default=False)
@@ -141,10 +145,18 @@ async def chat_completions(request: Request):
     template_kwargs = body.raw("chat_template_kwargs")
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise bad_field("chat_template_kwargs", "expected an object")
+    mm_kwargs = body.raw("mm_processor_kwargs")           # vLLM's extension, e.g. {"fps": 2}
+    if mm_kwargs is not None and not isinstance(mm_kwargs, dict):
+        raise bad_field("mm_processor_kwargs", "expected an object")
     model = await proxy.models.resolve("chat", model_name)
+    for kind, items in media.items():
+        if f"{kind}s" not in model.inputs:
+            raise bad_field("messages", f"the model '{model.name}' takes no {kind}s (only text content parts)")
 
     values = {"messages": (messages, "BYTES"), "sampling_parameters": (sampling or None, "BYTES"),
-              "stream": (stream, "BOOL"), "chat_template_kwargs": (template_kwargs, "BYTES")}
+              "stream": (stream, "BOOL"), "chat_template_kwargs": (template_kwargs, "BYTES"),
+              "images": (media.get("image"), "BYTES"), "videos": (media.get("video"), "BYTES"),
+              "mm_processor_kwargs": (mm_kwargs, "BYTES")}
     replies = proxy.gateway.stream(model.name, values, request.is_disconnected, param_mapper(length_field))
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model.name}
     if not stream:

@@ -24,6 +24,7 @@ ROUTES = {
     "image_generation": "/v1/images/generations",
     "image_edit": "/v1/images/edits",
     "video": "/v1/videos",
+    "embeddings": "/v1/embeddings",
 }
 ROUTE_PARAMETER, DESCRIPTION_PARAMETER = "openai_route", "openai_description"
 
@@ -34,6 +35,7 @@ class ServedModel:
     route: str
     description: str
     created: int          # when this proxy first saw it ready: OpenAI's `created`
+    inputs: frozenset = frozenset()     # its input tensors' names (what a request may carry: images, video, ...)
 
 
 def served_model(name: str, config: dict) -> ServedModel | None:
@@ -45,7 +47,8 @@ def served_model(name: str, config: dict) -> ServedModel | None:
     if route not in ROUTES:
         log.warning("skipping %s: unknown openai_route %r (known: %s)", name, route, ", ".join(ROUTES))
         return None
-    return ServedModel(name, route, params.get(DESCRIPTION_PARAMETER, ""), int(time.time()))
+    return ServedModel(name, route, params.get(DESCRIPTION_PARAMETER, ""), int(time.time()),
+                       frozenset(i.get("name", "") for i in config.get("input", [])))
 
 
 class ModelTable:

@@ -2,7 +2,7 @@
 
 A subclass loads its tower and says, per request, what it hands the tower (`job`: checked, packed
 per-token arrays and attention segments; InvalidInput fails that request alone) and what the tower's
-output rows of that request become (`outputs`). This base packs the batch's jobs into one step, runs
+output rows of that request become (`result`). This base packs the batch's jobs into one step, runs
 it (a CUDA graph per token bucket on a GPU), and slices each request's rows back out.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def to_output(t: torch.Tensor):
 
 
 class PackedTowerStep(Step):
-    """Subclasses set `self.runner = self.make_runner(tower, inputs)` and implement job / outputs."""
+    """Subclasses set `self.runner = self.make_runner(tower, inputs)` and implement job / result."""
 
     def make_runner(self, forward, inputs: dict) -> PackedRunner:
         p = self.params
@@ -53,7 +53,7 @@ class PackedTowerStep(Step):
     def job(self, req: Request) -> TowerJob:
         raise NotImplementedError
 
-    def outputs(self, rows: torch.Tensor, job: TowerJob) -> dict:
+    def result(self, rows: torch.Tensor, job: TowerJob) -> dict:
         raise NotImplementedError
 
     def execute(self, requests: list[Request]) -> list:
@@ -69,4 +69,4 @@ class PackedTowerStep(Step):
         for job in jobs:
             rows = out[start:start + job.rows] if out is not None else None
             start += job.rows
-            yield self.outputs(rows, job)
+            yield self.result(rows, job)

@@ -236,7 +236,7 @@ class Qwen3_5VisionStep(PackedTowerStep):
         tokens["pixels"] = pixels
         return TowerJob(tokens, segs, n // self.merge ** 2)
 
-    def outputs(self, rows, job: TowerJob) -> dict:
+    def result(self, rows, job: TowerJob) -> dict:
         if rows is None:
             rows = torch.zeros((0, self.tower.out_dim), device=self.ctx.device)
         return {"prompt_embeds": to_output(rows.float())}
