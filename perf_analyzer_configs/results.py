@@ -22,7 +22,7 @@ from typing import Callable
 RESULTS = Path(__file__).resolve().parent / "results"
 # results/NAME.json -> the benchmark whose PAGE renders it
 BENCHMARKS = {"ar_decode": "bench_ar_decode", "decode_matmul": "bench_decode_matmul", "image": "bench_image",
-              "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec"}
+              "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec", "vision": "bench_vision"}
 
 
 @dataclass

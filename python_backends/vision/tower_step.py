@@ -21,6 +21,7 @@ from triton_omni.vision.packed import PackedRunner, PackedStep
 class TowerParams:
     checkpoint: str = ""
     dtype: str = "float32"
+    load_format: str = "auto"         # "dummy": random weights of the config's shapes (benchmarks)
     # GPU: packed steps of up to this many tokens (all requests' patches together) replay as CUDA graphs
     # (padded to the next size); larger ones run eagerly. Captured when the step starts.
     cuda_graph_tokens: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384])
@@ -43,6 +44,12 @@ def to_output(t: torch.Tensor):
 
 class PackedTowerStep(Step):
     """Subclasses set `self.runner = self.make_runner(tower, inputs)` and implement job / result."""
+
+    @property
+    def dummy(self) -> bool:
+        if self.params.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.params.load_format!r}")
+        return self.params.load_format == "dummy"
 
     def make_runner(self, forward, inputs: dict) -> PackedRunner:
         p = self.params

@@ -200,7 +200,7 @@ class Qwen3_5VisionStep(PackedTowerStep):
         super().__init__(ctx)
         folder = ctx.checkpoint(self.params.checkpoint)
         self.layout = proc.load_layout(folder)
-        self.tower = load_tower(folder, ctx.device, torch_dtype(self.params.dtype))
+        self.tower = load_tower(folder, ctx.device, torch_dtype(self.params.dtype), self.dummy)
         self.merge, self.side = self.tower.merge, self.tower.grid_side
         p, unit = self.params, self.layout.patch_size ** 2
         # one request's patches at most: its images and its videos' frames, each within its budget

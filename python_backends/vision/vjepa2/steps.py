@@ -131,7 +131,7 @@ class VJEPA2Encode(PackedTowerStep):
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
         folder = ctx.checkpoint(self.params.checkpoint)
-        self.encoder = load_encoder(folder, ctx.device, torch_dtype(self.params.dtype))
+        self.encoder = load_encoder(folder, ctx.device, torch_dtype(self.params.dtype), self.dummy)
         self.grid, self.tubelet = self.encoder.grid, self.encoder.config.tubelet_size
         self.max_tokens = -(-self.params.max_frames // self.tubelet) * self.grid ** 2
         self.runner = self.make_runner(self.encoder, {"pixels": ((self.encoder.tubelet_bytes,), torch.uint8),
