@@ -188,3 +188,27 @@ def test_the_proxy_refuses_what_the_model_cannot_take(sdk):
         sdk.chat.completions.create(model=MODEL, max_tokens=4,
                                     messages=vc.user([{"type": "image_url", "image_url": {"url": png}}]))
     assert "images[0]" in err.value.body["message"] and "pixels" in err.value.body["message"]
+
+
+def test_the_cli_asks_about_an_image_and_embeds_a_video(server, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    png, mp4 = tmp_path / "in.png", tmp_path / "clip.mp4"
+    png.write_bytes(vc.image(48, 64, seed=11))
+    mp4.write_bytes(vc.video(frames=4, fps=4, seed=12))
+
+    def cli(*args):
+        run = subprocess.run([sys.executable, "-m", "triton_omni.client", *args, "--url", server.grpc_url],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        return run
+
+    run = cli("chat", "--model", MODEL, "--image", str(png), "Describe the image.", "--max-tokens", "10",
+              "--temperature", "0", "--ignore-eos")
+    assert run.stdout.rstrip("\n") == ask(server, vc.IMAGE_Q, images=[png.read_bytes()])[0]
+    cli("embed", "--model", "vjepa2_embed", "--video", str(mp4), "--frames", "4", "-o", str(tmp_path / "e.npy"))
+    pooled, _ = EmbedClient(server.grpc_url).video("vjepa2_embed", mp4.read_bytes(), num_frames=4)
+    np.testing.assert_array_equal(np.load(tmp_path / "e.npy"), pooled)
