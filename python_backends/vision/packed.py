@@ -155,6 +155,7 @@ class PackedRunner:
             self.graphs[t] = (graph, out)
         return self.graphs[t]
 
+    @torch.inference_mode()
     def capture(self, example: Callable[[int], PackedStep]) -> None:
         """Capture every bucket at start (`example(t)`: a step of t tokens to load first)."""
         if not self.use_graphs:

@@ -183,6 +183,7 @@ def load_tower(folder, device, dtype, dummy: bool = False) -> Qwen3_5VisionTower
         load_weights(tower, folder)
     for p in tower.parameters():
         p.data = p.data.to(dtype)
+        p.requires_grad_(False)
     return tower.eval()
 
 

@@ -117,6 +117,7 @@ def load_encoder(folder: Path, device, dtype, dummy: bool = False) -> VJEPA2Enco
         load_weights(encoder, folder)
     for p in encoder.parameters():
         p.data = p.data.to(dtype)
+        p.requires_grad_(False)
     for layer in encoder.layer:
         layer.attention.fuse_qkv()
     return encoder.eval()
