@@ -20,7 +20,8 @@ ENSEMBLES = {"qwen3_chat": "qwen3", "qwen3_5_chat": "qwen3_5", "orpheus_tts": "o
              "qwen3_tts": "qwen3_tts", "qwen3_tts_base": "qwen3_tts_base", "fish_s2_tts": "fish_s2",
              "chatterbox_tts": "chatterbox", "omnivoice_tts": "omnivoice", "z_image_turbo": "z_image_turbo",
              "flux2_klein": "flux2_klein", "qwen_image_edit": "qwen_image_edit",
-             "joyai_image_edit": "joyai_image_edit", "bagel": "bagel"}
+             "joyai_image_edit": "joyai_image_edit", "bagel": "bagel", "qwen3_5_vl_chat": "qwen3_5_vl",
+             "vjepa2_embed": "vjepa2", "qwen3_embed": "qwen3_embedding"}
 
 
 @pytest.fixture
@@ -128,6 +129,10 @@ BROKEN = [
     ("kokoro config without vocab", "kokoro", "kokoro_tts", set_json("config.json", vocab=None), "config.json",
      "has no vocab"),
     ("bagel without autoencoder", "bagel", "bagel", remove("ae.safetensors"), "ae.safetensors", "missing"),
+    ("vision model without its image processor", "qwen3_5_vl", "qwen3_5_vl_chat", remove("preprocessor_config.json"),
+     "preprocessor_config.json", "missing (the image processor's settings)"),
+    ("video encoder of another type", "vjepa2", "vjepa2_embed", set_json("config.json", model_type="vit"), "config.json",
+     "model_type 'vit' is not supported here; supported: vjepa2"),
 ]
 
 
@@ -257,3 +262,11 @@ def test_omnivoice_missing_tensor(tmp_path, capsys, copy):
     folder = copy("omnivoice")
     edit_tensors(folder / "model.safetensors", lambda t: t.pop("audio_heads.weight"))
     fails(tmp_path, capsys, "omnivoice_tts", folder, "model.safetensors", "lacks tensor 'audio_heads.weight'")
+
+
+def test_vision_tower_tensor_with_the_wrong_shape(tmp_path, capsys, copy):
+    folder = copy("qwen3_5_vl")
+    edit_tensors(folder / "model.safetensors",
+                 lambda t: t.update({"model.visual.merger.linear_fc2.weight": torch.zeros(3, 3)}))
+    fails(tmp_path, capsys, "qwen3_5_vl_chat", folder, "model.safetensors",
+          "merger.linear_fc2.weight: checkpoint shape (3, 3) != model (64, 128)")

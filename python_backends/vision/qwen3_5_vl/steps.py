@@ -171,14 +171,19 @@ class Qwen3_5VisionParams(TowerParams, VisionLimits):
     pass
 
 
-def load_tower(folder, device, dtype, dummy: bool = False) -> Qwen3_5VisionTower:
-    """The checkpoint's vision tower (`dummy`: random weights of its config's shapes, for benchmarks)."""
+def build_tower(folder) -> Qwen3_5VisionTower:
+    """The tower of the checkpoint's config, uninitialised (on the current default device)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     layout = proc.load_layout(folder)
+    return Qwen3_5VisionTower(config.vision_config, layout.image_mean, layout.image_std)
+
+
+def load_tower(folder, device, dtype, dummy: bool = False) -> Qwen3_5VisionTower:
+    """The checkpoint's vision tower (`dummy`: random weights of its config's shapes, for benchmarks)."""
     with torch.device(device):
-        tower = Qwen3_5VisionTower(config.vision_config, layout.image_mean, layout.image_std)
+        tower = build_tower(folder)
     if not dummy:
         load_weights(tower, folder)
     for p in tower.parameters():

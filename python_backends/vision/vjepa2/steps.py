@@ -106,13 +106,18 @@ class VJEPA2EncodeParams(TowerParams):
     max_frames: int = 64
 
 
-def load_encoder(folder: Path, device, dtype, dummy: bool = False) -> VJEPA2Encoder:
+def build_encoder(folder: Path) -> VJEPA2Encoder:
+    """The encoder of the checkpoint's config, uninitialised (on the current default device)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     layout = load_layout(folder)
+    return VJEPA2Encoder(AutoConfig.from_pretrained(str(folder), local_files_only=True), layout.mean, layout.std)
+
+
+def load_encoder(folder: Path, device, dtype, dummy: bool = False) -> VJEPA2Encoder:
+    """The checkpoint's encoder (`dummy`: random weights of its config's shapes, for benchmarks)."""
     with torch.device(device):
-        encoder = VJEPA2Encoder(config, layout.mean, layout.std)
+        encoder = build_encoder(folder)
     if not dummy:
         load_weights(encoder, folder)
     for p in encoder.parameters():
