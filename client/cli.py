@@ -4,7 +4,7 @@
     python -m triton_omni.client chat --model qwen3_5_vl_chat --image cat.png "What is in the picture?"
     python -m triton_omni.client embed --model vjepa2_embed --video clip.mp4 -o clip.npy
     python -m triton_omni.client speech --model orpheus_tts "Hello there" --voice tara -o hello.wav
-    python -m triton_omni.client transcribe --model whisper speech.wav
+    python -m triton_omni.client transcribe --model omniasr_ctc speech.mp3 --format srt -o speech.srt
     python -m triton_omni.client image --model z_image_turbo "a red fox" --size 512x512 -o fox.png
     python -m triton_omni.client edit --model flux2_klein --image fox.png "make it blue" -o blue.png
     python -m triton_omni.client video --model wan "waves at dusk" --seconds 2 -o waves.mp4
@@ -15,6 +15,7 @@ as it arrives; progress and statistics go to stderr, so stdout stays clean for p
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import time
@@ -25,7 +26,7 @@ from triton_omni.client.chat import ChatClient
 from triton_omni.client.embed import EmbedClient
 from triton_omni.client.image import ImageClient
 from triton_omni.client.speech import FORMATS, SpeechClient
-from triton_omni.client.transcribe import TranscribeClient
+from triton_omni.client.transcribe import FORMATS as TRANSCRIPT_FORMATS, TranscribeClient
 from triton_omni.client.video import VideoClient
 
 
@@ -146,13 +147,18 @@ def speech(args) -> int:
 
 
 def transcribe(args) -> int:
+    words = args.words
     with progress("transcribe"):
-        text = TranscribeClient(args.url, timeout_s=args.timeout).transcribe(args.model, args.audio.read_bytes(),
-                                                                            args.language)
-    print(text)
+        result = TranscribeClient(args.url, timeout_s=args.timeout).transcribe(
+            args.model, args.audio.read_bytes(), language=args.language, prompt=args.prompt,
+            temperature=args.temperature, words=words)
+    body = result.render(args.format, words)
+    body = json.dumps(body, ensure_ascii=False, indent=2) if isinstance(body, dict) else body
+    print(body)
     if args.out:
-        args.out.write_text(text)
+        args.out.write_text(body if body.endswith("\n") else body + "\n")
         log(f"wrote {args.out}")
+    log(f"[transcribe] {result.duration:.1f} s of audio, {len(result.segments)} segments")
     return 0
 
 
@@ -240,7 +246,11 @@ def parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("transcribe", parents=[common], help="speech to text")
     t.add_argument("audio", type=Path)
-    t.add_argument("--language", default=None)
+    t.add_argument("--language", default=None, help="the speech's language code (e.g. en, eng_Latn)")
+    t.add_argument("--prompt", default=None, help="text that guides the model (models that take one)")
+    t.add_argument("--temperature", type=float, default=None, help="0 = greedy (models that sample)")
+    t.add_argument("--format", choices=TRANSCRIPT_FORMATS, default="text", help="what to print (and write)")
+    t.add_argument("--words", action="store_true", help="word timestamps (in verbose_json)")
     t.set_defaults(run=transcribe)
 
     def image_args(p, formats=True):

@@ -1,7 +1,9 @@
 """Building request tensors and reading response tensors.
 
-Every triton-omni model is batched and takes one item per request: inputs are sent as `[1, ...]`
-and outputs come back as `[1, ...]`, whose batch dimension the readers below remove.
+Every triton-omni model takes one item per request. Batched models (max_batch_size > 0, all but the
+chat models' fronts) take inputs as `[1, ...]` and answer `[1, ...]`, whose batch dimension the readers
+below remove; an unbatched one (max_batch_size 0, like Triton's vLLM backend models) takes the item
+itself (`batched=False`).
 """
 from __future__ import annotations
 
@@ -33,14 +35,16 @@ def as_array(value: Any, dtype: str) -> np.ndarray:
     return arr.reshape(1, *arr.shape) if arr.ndim else arr.reshape(1, 1)
 
 
-def make_inputs(module, values: dict[str, tuple[Any, str]]) -> list:
+def make_inputs(module, values: dict[str, tuple[Any, str]], batched: bool = True) -> list:
     """values: name -> (value, Triton dtype string); None values are left out (optional inputs).
-    `module` is tritonclient.grpc or tritonclient.http."""
+    `module` is tritonclient.grpc or tritonclient.http; `batched` False: no batch dimension."""
     inputs = []
     for name, (value, dtype) in values.items():
         if value is None:
             continue
         arr = as_array(value, dtype)
+        if not batched:
+            arr = arr[0]
         t = module.InferInput(name, list(arr.shape), dtype)
         t.set_data_from_numpy(arr)
         inputs.append(t)

@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from triton_omni.client.tensors import as_array, make_inputs
 
 Outputs = dict[str, np.ndarray]          # one response's tensors, batch dimension removed
+_BATCHED: dict[tuple[str, str], bool] = {}
 Values = dict[str, tuple[Any, str]]       # input name -> (value, Triton dtype); None: left out
 
 
@@ -45,12 +46,18 @@ def host_port(url: str) -> str:
 
 
 def responses(url: str, model: str, values: Values, timeout_s: float = 300.0,
-              last: Callable[[Outputs], bool] | None = None) -> Iterator[Outputs]:
+              last: Callable[[Outputs], bool] | None = None, batched: bool | None = None) -> Iterator[Outputs]:
     """Yields each response's outputs. `last(outputs)` may say that a response ends the request
-    (the chat models mark it with a finish_reason) so the caller need not wait for the stream end."""
+    (the chat models mark it with a finish_reason) so the caller need not wait for the stream end.
+    `batched`: whether the model has a batch dimension (None: read from its config)."""
     if is_http(url):
         return _http_responses(url, model, values, timeout_s)
-    return _grpc_responses(host_port(url), model, values, timeout_s, last)
+    if batched is None:
+        key = (host_port(url), model)
+        if key not in _BATCHED:       # a model's batching is fixed by its config: asked once per process
+            _BATCHED[key] = is_batched(model_config(url, model))
+        batched = _BATCHED[key]
+    return _grpc_responses(host_port(url), model, values, timeout_s, last, batched)
 
 
 def is_final_response(response) -> bool:
@@ -60,13 +67,17 @@ def is_final_response(response) -> bool:
     return "triton_final_response" in params and params["triton_final_response"].bool_param
 
 
-def _outputs(result, names) -> Outputs:
-    return {name: result.as_numpy(name)[0] for name in names}
+def _outputs(result, names, batched: bool = True) -> Outputs:
+    return {name: result.as_numpy(name)[0] if batched else result.as_numpy(name) for name in names}
+
+
+def is_batched(config: dict) -> bool:
+    return int(config.get("max_batch_size", 0)) > 0
 
 
 def _grpc_responses(url: str, model: str, values: Values, timeout_s: float,
-                    last: Callable[[Outputs], bool] | None) -> Iterator[Outputs]:
-    inputs = make_inputs(grpcclient, values)
+                    last: Callable[[Outputs], bool] | None, batched: bool = True) -> Iterator[Outputs]:
+    inputs = make_inputs(grpcclient, values, batched)
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
@@ -83,7 +94,7 @@ def _grpc_responses(url: str, model: str, values: Values, timeout_s: float,
                 finished = True          # the server ended the request itself
                 raise error
             response = result.get_response()
-            outputs = _outputs(result, [o.name for o in response.outputs])
+            outputs = _outputs(result, [o.name for o in response.outputs], batched)
             final = is_final_response(response)
             done = final or bool(outputs and last and last(outputs))
             finished = finished or done
@@ -125,8 +136,9 @@ def _http_responses(url: str, model: str, values: Values, timeout_s: float) -> I
     try:
         names = [o["name"] for o in config.get("output", [])]
         wanted = [httpclient.InferRequestedOutput(n, binary_data=True) for n in names]
-        result = client.infer(model, make_inputs(httpclient, values), outputs=wanted)
-        yield _outputs(result, names)
+        batched = is_batched(config)
+        result = client.infer(model, make_inputs(httpclient, values, batched), outputs=wanted)
+        yield _outputs(result, names, batched)
     finally:
         client.close()
 

@@ -147,7 +147,8 @@ def streaming_steps(cfg: EnsembleConfig) -> list[str]:
 
 
 def front_config(cfg: EnsembleConfig, wiring: Wiring, target: str) -> mc.ModelConfig:
-    m = mc.ModelConfig(name=cfg.name, backend="python", max_batch_size=cfg.max_batch_size)
+    unbatched = cfg.front_shape == "unbatched"
+    m = mc.ModelConfig(name=cfg.name, backend="python", max_batch_size=0 if unbatched else cfg.max_batch_size)
     for spec in wiring.ensemble_inputs.values():
         m.input.append(_io(mc.ModelInput, spec, with_flags=True))
     m.output.extend(_io(mc.ModelOutput, wiring.produced[n], with_flags=False) for n in cfg.outputs)
@@ -155,6 +156,8 @@ def front_config(cfg: EnsembleConfig, wiring: Wiring, target: str) -> mc.ModelCo
     m.model_transaction_policy.decoupled = True
     m.parameters["ensemble"].string_value = ensemble_name(cfg)
     m.parameters["abort_models"].string_value = ",".join(streaming_steps(cfg))
+    if unbatched:   # the front adds the batch dimension the ensemble's steps take
+        m.parameters["ensemble_batched"].string_value = "true"
     _describe_route(m, cfg)
     return m
 

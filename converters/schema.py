@@ -95,6 +95,10 @@ class EnsembleConfig:
     # response at 64 streams, results/ar_decode.md), 13.6k calling the ensemble without a front.
     # Triton spreads requests over idle instances. An int or {cpu: N, gpu: M}.
     front_instances: Any = field(default_factory=lambda: {"cpu": 1, "gpu": 16})
+    # "unbatched": the front takes one request per call with inputs of shape [1] and no batch
+    # dimension (max_batch_size 0), as Triton's vLLM backend models do, so that backend's clients and
+    # genai-perf's vLLM mode call it unchanged; "batched" (default): [1, ...] like every step
+    front_shape: str = "batched"
 
     def front_count(self, target: str) -> int:
         return per_target(self.front_instances, target)
@@ -211,6 +215,10 @@ def load_ensemble(path: str | Path) -> EnsembleConfig:
         openai=_expect(path, "openai", raw.get("openai", {}) or {}, dict, "a mapping"))
     if "front_instances" in raw:
         cfg.front_instances = _check_count(path, "front_instances", raw["front_instances"])
+    if "front_shape" in raw:
+        if raw["front_shape"] not in ("batched", "unbatched"):
+            raise ConfigError(path, "front_shape", "expected batched or unbatched")
+        cfg.front_shape = raw["front_shape"]
     for k in cfg.parameters:
         if not any(k in field_types(s.cls.Params) for s in cfg.steps):
             raise ConfigError(path, f"parameters.{k}", "no step has such a parameter")

@@ -22,6 +22,7 @@ VERSION = "1"        # bump when a checkpoint's content changes, so old folders 
 
 def builders() -> dict:
     """name -> builder(out folder). Imported here, on demand: each builder module needs its own libraries."""
+    from triton_omni.converters.tiny_asr import BUILDERS as ASR
     from triton_omni.converters.tiny_bagel import BUILDERS as BAGEL
     from triton_omni.converters.tiny_chat import BUILDERS as CHAT
     from triton_omni.converters.tiny_chatterbox import BUILDERS as CHATTERBOX
@@ -33,7 +34,8 @@ def builders() -> dict:
     from triton_omni.converters.tiny_tts import BUILDERS as TTS
     from triton_omni.converters.tiny_vision import BUILDERS as VISION
 
-    return {**CHAT, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **VISION}
+    return {**CHAT, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **ASR,
+            **VISION}
 
 
 def _stamp(builder) -> str:

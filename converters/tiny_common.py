@@ -39,10 +39,43 @@ def train_bpe(corpus: list[str], additional_special_tokens: list[str]):
                                    additional_special_tokens=additional_special_tokens)
 
 
-def build_tokenizer(out: Path):
-    """The chat models' tokenizer: the BPE trained on the corpus, with the ChatML template."""
+# A Qwen-style chat template: ChatML turns, tools in the system turn, tool calls and results in the
+# history, and `enable_thinking` opening the answer's reasoning as Qwen3.5's template does (left out,
+# the tiny checkpoints answer without reasoning, so plain chat keeps its ChatML prompt).
+QWEN_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+    "XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'system' and loop.first %}"
+    "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n"
+    "{%- if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}{{ m.content }}"
+    "{%- for tc in m.tool_calls or [] %}\n<tool_call>\n{\"name\": \"{{ tc.function.name }}\", \"arguments\": "
+    "{{ tc.function.arguments | tojson }}}\n</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking %}"
+    "<think>\n{% endif %}{% endif %}"
+)
+# Qwen's reasoning and tool-call markers: added tokens of their own, not special (they decode as text)
+CHAT_MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+
+
+def build_tokenizer(out: Path, chat_markers: bool = False):
+    """The chat models' tokenizer: the BPE trained on the corpus, with the ChatML template, or with
+    `chat_markers` Qwen's markers as added tokens and the Qwen-style template above."""
+    from tokenizers import AddedToken
+
     fast = train_bpe(CORPUS * 4, ["<|im_start|>"])
     fast.chat_template = CHATML_TEMPLATE
+    if chat_markers:
+        fast.add_tokens([AddedToken(m, special=False, normalized=False) for m in CHAT_MARKERS])
+        fast.chat_template = QWEN_TEMPLATE
     fast.save_pretrained(str(out))
     return fast
 

@@ -363,6 +363,17 @@ BAGEL_TENSORS = {"ema.safetensors": ("vae2llm.weight", "latent_pos_embed.pos_emb
                  "ae.safetensors": ("decoder.conv_in.weight",)}
 
 
+def check_omniasr_ctc(folder: Path, report: Report) -> None:
+    """An OmniASRForCTC folder: config (model_type omniasr_ctc), tokenizer, weights that fill our encoder."""
+    from triton_omni.asr.omniasr.model import CTCConfig, OmniASRCTC
+
+    config = check_config(folder, report, ["omniasr_ctc"])
+    check_tokenizer(folder, report)
+    tensors = safetensors_weights(folder, "model", report)
+    if config is not None and tensors is not None:
+        check_loads(lambda: OmniASRCTC(CTCConfig.from_folder(folder)), folder, tensors, report)
+
+
 def check_bagel(folder: Path, report: Report) -> None:
     read_json(folder / "llm_config.json", report)
     check_tokenizer(folder, report)
@@ -436,6 +447,7 @@ FAMILIES: dict[str, dict[str, Kind]] = {
     "triton_omni.tts.chatterbox.": {"checkpoint": Kind(check_chatterbox)},
     "triton_omni.tts.omnivoice.": {"checkpoint": Kind(check_omnivoice)},
     "triton_omni.image.bagel.": {"checkpoint": Kind(check_bagel)},
+    "triton_omni.asr.": {"checkpoint": Kind(check_omniasr_ctc)},
     "triton_omni.image.z_image.": {"checkpoint": Kind(pipeline(("ZImagePipeline",), DIFFUSERS))},
     "triton_omni.image.flux2.": {"checkpoint": Kind(pipeline(("Flux2KleinPipeline",), DIFFUSERS))},
     "triton_omni.image.qwen_image.": {"checkpoint": Kind(pipeline(("QwenImageEditPipeline", "QwenImageEditPlusPipeline"),

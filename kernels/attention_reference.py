@@ -71,3 +71,27 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
                                                   enable_gqa=True).transpose(0, 1))
         start += n
     return torch.cat(out, dim=0)
+
+
+def prefill_attention_with_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  block_tables: torch.Tensor, context_lens: torch.Tensor, seq_lens: list[int],
+                                  prefix_lens: list[int], scale: float) -> torch.Tensor:
+    """Causal attention of packed prompt tails over their whole prompts in the paged cache (prefix
+    caching: each prompt's first prefix_lens[i] tokens were cached, its next seq_lens[i] are the packed
+    queries q [T, Hq, D], at positions prefix_lens[i] on, and all of its K/V, new ones included, are
+    already in k_cache / v_cache [num_blocks, block_size, Hk, D] through block_tables [B, max_blocks])."""
+    block_size, Hk, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    out, start = [], 0
+    for i, (n, c) in enumerate(zip(seq_lens, prefix_lens)):
+        if n == 0:
+            continue
+        pos = torch.arange(c + n, device=q.device)
+        slots = block_tables[i, pos // block_size].long() * block_size + pos % block_size
+        k, v = k_cache.view(-1, Hk, D)[slots], v_cache.view(-1, Hk, D)[slots]
+        visible = pos[None, :] <= (c + torch.arange(n, device=q.device))[:, None]          # [n, c + n]
+        qs = q[start:start + n]
+        out.append(F.scaled_dot_product_attention(qs.transpose(0, 1), k.transpose(0, 1).to(q.dtype),
+                                                  v.transpose(0, 1).to(q.dtype), attn_mask=visible, scale=scale,
+                                                  enable_gqa=True).transpose(0, 1))
+        start += n
+    return torch.cat(out, dim=0)

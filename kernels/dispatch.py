@@ -15,7 +15,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from triton_omni.kernels import attention_reference, gated_delta_reference, norms_reference
+from triton_omni.kernels import (attention_reference, fp8_matmul_reference, fp8_scaled_mm, gated_delta_reference,
+                                 norms_reference)
 
 # ------------------------------------------------------------------ switches (read once, at import)
 
@@ -69,8 +70,8 @@ def routed(module: str, kernel: str | None = None, applies=None):
     return wrap
 
 
-NORMS, DECODE_MATMUL, ATTENTION, GATED_DELTA = (
-    f"triton_omni.kernels.{family}" for family in ("norms", "decode_matmul", "attention", "gated_delta"))
+NORMS, DECODE_MATMUL, ATTENTION, GATED_DELTA, FP8_MATMUL = (
+    f"triton_omni.kernels.{family}" for family in ("norms", "decode_matmul", "attention", "gated_delta", "fp8_matmul"))
 
 rms_norm = routed(NORMS)(norms_reference.rms_norm)
 silu_and_mul = routed(NORMS)(norms_reference.silu_and_mul)
@@ -115,6 +116,41 @@ def norm_linear(x, residual, norm_weight, eps, zero_centered, weight, bias=None)
         return linear(rms_norm(x, norm_weight, eps, None, zero_centered), weight, bias), x
     h, residual = rms_norm(x, norm_weight, eps, residual, zero_centered)
     return linear(h, weight, bias), residual
+
+
+# --- FP8 weights (E4M3 values and float32 scales, kernels/fp8_matmul_reference.py; models/quant.py makes them)
+
+quantize_rows = routed(FP8_MATMUL)(fp8_matmul_reference.quantize_rows)
+
+
+def _one_16bit_fp8_row(x, weight, *args, **kwargs) -> bool:
+    return (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == fp8_matmul_reference.FP8)
+
+
+@routed(FP8_MATMUL, "skinny_fp8_linear", applies=_one_16bit_fp8_row)
+def fp8_linear(x, weight, scale, bias=None, gated=False):
+    """x @ (weight * scale).T (+ bias) for FP8 weights. One 16-bit row on CUDA (batch-1 decode): the
+    skinny FP8 kernel, weights dequantized in registers; more rows: the rows quantized to FP8 as well,
+    torch._scaled_mm on CUDA (kernels/fp8_scaled_mm.py); one row on the CPU: the weight-only reference,
+    what the kernel computes."""
+    if x.shape[0] == 1 and not x.is_cuda:
+        return fp8_matmul_reference.fp8_linear(x, weight, scale, bias, gated)
+    return fp8_scaled_mm.scaled_mm_linear(x, weight, scale, bias, gated, rows=quantize_rows)
+
+
+def _fp8_norm_folds(x, residual, norm_weight, eps, zero_centered, weight, scale, bias=None) -> bool:
+    return _one_16bit_fp8_row(x, weight) and x.shape[1] <= NORM_FOLD_MAX_K and norm_weight.dtype == x.dtype
+
+
+@routed(FP8_MATMUL, "skinny_fp8_norm_linear", applies=_fp8_norm_folds)
+def fp8_norm_linear(x, residual, norm_weight, eps, zero_centered, weight, scale, bias=None):
+    """norm_linear for FP8 weights: one skinny FP8 kernel with the norm folded in where norm_linear
+    folds it; otherwise the norm, then `fp8_linear`."""
+    if residual is None:
+        return fp8_linear(rms_norm(x, norm_weight, eps, None, zero_centered), weight, scale, bias), x
+    h, residual = rms_norm(x, norm_weight, eps, residual, zero_centered)
+    return fp8_linear(h, weight, scale, bias), residual
 
 
 def delta_rule_kernel(device) -> bool:
@@ -173,3 +209,25 @@ def prefill_attention(q, k, v, seq_lens, scale, cu_seqlens=None, max_seqlen=0):
         out.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)[0].transpose(0, 1))
         start += n
     return torch.cat(out, dim=0)
+
+
+def prefill_attention_with_prefix(q, k_cache, v_cache, block_tables, context_lens, seq_lens, prefix_lens, scale,
+                                  cu_seqlens=None, max_context_len=0):
+    """Causal attention of packed prompt tails over their whole prompts in the paged cache (see
+    attention_reference.prefill_attention_with_prefix). On CUDA, with the varlen flash kernel: each
+    prompt's K/V gathered from its blocks into one packed tensor, then one launch whose causal mask is
+    aligned to each sequence's end (flash's convention when a sequence has fewer queries than keys)."""
+    if not (q.is_cuda and cu_seqlens is not None and varlen_attention_supported(q.dtype, q.shape[-1], q.device)):
+        return attention_reference.prefill_attention_with_prefix(q, k_cache, v_cache, block_tables, context_lens,
+                                                                 seq_lens, prefix_lens, scale)
+    block_size, Hk, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    total = sum(seq_lens) + sum(prefix_lens)
+    lens = context_lens.long()
+    cu_k = torch.zeros(len(seq_lens) + 1, dtype=torch.int32, device=q.device)
+    torch.cumsum(context_lens, 0, out=cu_k[1:])
+    seq_of = torch.repeat_interleave(torch.arange(len(seq_lens), device=q.device), lens, output_size=total)
+    pos = torch.arange(total, device=q.device) - cu_k[:-1].long()[seq_of]
+    slots = block_tables[seq_of, pos // block_size].long() * block_size + pos % block_size
+    k, v = k_cache.view(-1, Hk, D)[slots], v_cache.view(-1, Hk, D)[slots]
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_k, max(seq_lens), max_context_len,
+                                                   0.0, True, False, scale=scale)[0]

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from triton_omni.kernels.gated_delta_reference import DELTA_CHUNK
-from triton_omni.kernels.triton_helpers import use_pdl, wait_for_earlier_kernels
+from triton_omni.kernels.triton_helpers import fitting_stages, use_pdl, wait_for_earlier_kernels
 
 
 # --------------------------------------------------------------------------------------------------
@@ -348,8 +348,11 @@ def gated_delta_prefill(q, k, v, a, b, A_log, dt_bias, chunks: GatedDeltaChunks,
         o.stride(0), o.stride(1), S, H, DK, DV, H // Hk, DK ** -0.5,
         C=C, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps=8)
     split = min(BLOCK_V, SCAN_SPLIT_V)
-    _gated_delta_scan_kernel[(S, H, BLOCK_V // split)](
-        wv, wk, e, kg, decay, o, state, slots.contiguous(), chunks.cu, chunks.first, o.stride(0), o.stride(1),
-        state.stride(0), state.stride(1), H, DK, DV,
-        C=C, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, SPLIT_V=split, num_warps=4)
+    grid = (S, H, BLOCK_V // split)
+    args = (wv, wk, e, kg, decay, o, state, slots.contiguous(), chunks.cu, chunks.first, o.stride(0), o.stride(1),
+            state.stride(0), state.stride(1), H, DK, DV)
+    kwargs = dict(C=C, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, SPLIT_V=split, num_warps=4)
+    # each pipeline stage holds a chunk's E, Wk, KG and Wv tiles: 3 stages (Triton's default) need 256 KB
+    stages = fitting_stages(_gated_delta_scan_kernel, grid, args, kwargs, q.device)
+    _gated_delta_scan_kernel[grid](*args, num_stages=stages, **kwargs)
     return o

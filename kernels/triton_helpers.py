@@ -73,3 +73,35 @@ def silu_mul(gate, up):
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)       # F.silu rounds to the input dtype ...
     return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)   # ... then the product again
 
+
+
+# --------------------------------------------------------------------- shared memory of a launch
+
+_STAGES: dict[tuple, int] = {}
+
+
+def deepest_fitting(stages: tuple[int, ...], shared_of, limit: int) -> int:
+    """The first of `stages` whose `shared_of(stages)` (bytes of shared memory a block) is within `limit`."""
+    for s in stages:
+        if shared_of(s) <= limit:
+            return s
+    raise RuntimeError(f"no pipeline depth of {stages} fits {limit} bytes of shared memory")
+
+
+def fitting_stages(kernel, grid, args: tuple, kwargs: dict, device: torch.device,
+                   stages: tuple[int, ...] = (3, 2, 1)) -> int:
+    """The deepest software pipeline (`num_stages`, the first of `stages`) whose shared memory fits
+    `device`. Triton's default of 3 stages keeps three iterations' tiles of a loop in shared memory:
+    the delta rule's scan asked 262,144 bytes that way on an H200 (232,448 a block) and failed at
+    launch, on the GPU only (the interpreter checks nothing). `kwargs`: the launch's constexprs and
+    options but num_stages. Compiled, not launched, once per kernel, device, kwargs and argument
+    dtypes; off the GPU (the interpreter has no stages) the first."""
+    if device.type != "cuda" or dispatch.INTERPRETER:
+        return stages[0]
+    key = (kernel.fn.__name__, device.index, tuple(sorted(kwargs.items())),
+           tuple(getattr(a, "dtype", None) for a in args))
+    if key not in _STAGES:
+        limit = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)["max_shared_mem"]
+        _STAGES[key] = deepest_fitting(
+            stages, lambda s: kernel.warmup(*args, grid=grid, num_stages=s, **kwargs).metadata.shared, limit)
+    return _STAGES[key]

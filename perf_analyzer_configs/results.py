@@ -21,8 +21,10 @@ from typing import Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # results/NAME.json -> the benchmark whose PAGE renders it
-BENCHMARKS = {"ar_decode": "bench_ar_decode", "decode_matmul": "bench_decode_matmul", "image": "bench_image",
-              "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec", "vision": "bench_vision"}
+BENCHMARKS = {"ar_decode": "bench_ar_decode", "asr": "bench_asr", "chat_features": "bench_chat_features",
+              "decode_matmul": "bench_decode_matmul", "decode_matmul_fp8": "bench_decode_matmul", "image": "bench_image",
+              "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec",
+              "vision": "bench_vision"}
 
 
 @dataclass
@@ -136,7 +138,9 @@ def merge_parts(paths: list[Path], key: tuple[str, ...], notes: list[str] | None
 
 
 def page_of(name: str) -> Page:
-    return importlib.import_module(f"perf_analyzer_configs.benchmarks.{BENCHMARKS[name]}").PAGE
+    """The benchmark's PAGE, or the one its PAGES names for this file (a benchmark writing two files)."""
+    module = importlib.import_module(f"perf_analyzer_configs.benchmarks.{BENCHMARKS[name]}")
+    return getattr(module, "PAGES", {}).get(name, module.PAGE)
 
 
 def main() -> int:
@@ -149,6 +153,8 @@ def main() -> int:
         ap.error(f"no benchmark writes {', '.join(sorted(unknown))}")
     for name in args.names or list(BENCHMARKS):
         path = args.dir / f"{name}.json"
+        if not path.exists() and not args.names:
+            continue                                  # a benchmark not run yet
         render(path, page_of(name), json.loads(path.read_text()))
         print(f"wrote {path.with_suffix('.md')}", flush=True)
     return 0

@@ -20,8 +20,8 @@ ENSEMBLES = {"qwen3_chat": "qwen3", "qwen3_5_chat": "qwen3_5", "orpheus_tts": "o
              "qwen3_tts": "qwen3_tts", "qwen3_tts_base": "qwen3_tts_base", "fish_s2_tts": "fish_s2",
              "chatterbox_tts": "chatterbox", "omnivoice_tts": "omnivoice", "z_image_turbo": "z_image_turbo",
              "flux2_klein": "flux2_klein", "qwen_image_edit": "qwen_image_edit",
-             "joyai_image_edit": "joyai_image_edit", "bagel": "bagel", "qwen3_5_vl_chat": "qwen3_5_vl",
-             "vjepa2_embed": "vjepa2", "qwen3_embed": "qwen3_embedding"}
+             "joyai_image_edit": "joyai_image_edit", "bagel": "bagel", "omniasr_ctc": "omniasr_ctc",
+             "qwen3_5_vl_chat": "qwen3_5_vl", "vjepa2_embed": "vjepa2", "qwen3_embed": "qwen3_embedding"}
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def test_tensor_with_the_wrong_shape(tmp_path, capsys, copy):
     edit_tensors(folder / "model.safetensors",
                  lambda t: t.update({"model.embed_tokens.weight": t["model.embed_tokens.weight"][:-1].contiguous()}))
     fails(tmp_path, capsys, "qwen3_chat", folder, "model.safetensors",
-          "model.embed_tokens.weight: checkpoint shape (511, 64) != model (512, 64)")
+          "model.embed_tokens.weight: checkpoint shape (515, 64) != model (516, 64)")
 
 
 def test_missing_layer(tmp_path, capsys, copy):
@@ -264,9 +264,18 @@ def test_omnivoice_missing_tensor(tmp_path, capsys, copy):
     fails(tmp_path, capsys, "omnivoice_tts", folder, "model.safetensors", "lacks tensor 'audio_heads.weight'")
 
 
+def test_omniasr_ctc_missing_tensor_and_other_model_type(tmp_path, capsys, copy):
+    folder = copy("omniasr_ctc")
+    edit_tensors(folder / "model.safetensors", lambda t: t.pop("model.audio_tower.layers.1.attention.k_proj.weight"))
+    fails(tmp_path, capsys, "omniasr_ctc", folder, "model.safetensors",
+          "checkpoint lacks 1 parameter(s), e.g. ['encoder.layers.1.attention.qkv_proj.weight']")
+    edit_json(folder / "config.json", model_type="wav2vec2")
+    fails(tmp_path, capsys, "omniasr_ctc", folder, "config.json", "model_type 'wav2vec2' is not supported here")
+
+
 def test_vision_tower_tensor_with_the_wrong_shape(tmp_path, capsys, copy):
     folder = copy("qwen3_5_vl")
     edit_tensors(folder / "model.safetensors",
                  lambda t: t.update({"model.visual.merger.linear_fc2.weight": torch.zeros(3, 3)}))
     fails(tmp_path, capsys, "qwen3_5_vl_chat", folder, "model.safetensors",
-          "merger.linear_fc2.weight: checkpoint shape (3, 3) != model (64, 128)")
+          "model.visual.merger.linear_fc2.weight: checkpoint shape (3, 3) != model (64, 128)")

@@ -23,7 +23,7 @@ from tests.conftest import ROOT
 MAPPED = {"python_backends": "triton_omni", "kernels": "triton_omni.kernels", "client": "triton_omni.client",
           "converters": "triton_omni.converters", "launcher": "triton_omni.launcher"}
 # folders whose subpackages are model families: a family imports shared modules, never a sibling
-FAMILY_PARENTS = ["python_backends/tts", "python_backends/image", "python_backends/vision"]
+FAMILY_PARENTS = ["python_backends/tts", "python_backends/image", "python_backends/asr", "python_backends/vision"]
 # what client/ must never import: every python_backends package (the serving steps), the kernels,
 # the converter, and the heavy libraries they pull in
 SERVING = sorted({f"triton_omni.{p.stem}" for p in (ROOT / "python_backends").iterdir()

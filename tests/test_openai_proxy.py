@@ -174,7 +174,7 @@ def test_streamed_answer_equals_chat_client_with_usage(server, sdk):
 @pytest.mark.server
 def test_stream_wire_format_ends_with_done(proxy):
     # seeded: an unseeded sample of the tiny random model can end on EOS within 4 tokens ("stop")
-    body = {"model": "qwen3_chat", "messages": MESSAGES, "max_tokens": 4, "stream": True, "seed": 7}
+    body = {"model": "qwen3_chat", "messages": MESSAGES, "max_tokens": 4, "stream": True, "seed": 7, "ignore_eos": True}
     req = urllib.request.Request(f"{proxy}/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
     with urllib.request.urlopen(req, timeout=60) as r:
@@ -213,7 +213,7 @@ BAD = [
     ("unknown model", {"model": "no_such_model"}, openai.NotFoundError, "model", "model_not_found"),
     ("temperature not a number", {"temperature": "hot"}, openai.BadRequestError, "temperature", "invalid_value"),
     ("temperature out of range", {"temperature": 5}, openai.BadRequestError, "temperature", "invalid_value"),
-    ("n above 1", {"n": 2}, openai.BadRequestError, "n", "invalid_value"),
+    ("n above 16", {"n": 17}, openai.BadRequestError, "n", "invalid_value"),
     ("top_p zero", {"top_p": 0}, openai.BadRequestError, "top_p", "invalid_value"),
     ("image content", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      openai.BadRequestError, "messages[0].content[0]", "invalid_value"),
@@ -337,13 +337,13 @@ class FakeGateway:
     async def live(self):
         return True
 
-    async def stream(self, model, values, disconnected=None, param_of=None):
+    async def stream(self, model, values, disconnected=None, param_of=None, batched=True):
         self.calls.append((model, {k: v for k, (v, _) in values.items() if v is not None},
                            {k: t for k, (v, t) in values.items() if v is not None}))
         for outputs in self.replies[model]:
             yield outputs
 
-    async def collect(self, model, values, disconnected=None, param_of=None):
+    async def collect(self, model, values, disconnected=None, param_of=None, batched=True):
         return [o async for o in self.stream(model, values, disconnected, param_of)]
 
     def close(self):

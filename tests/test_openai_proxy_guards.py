@@ -178,7 +178,7 @@ OTHER_BAD = [
     (CHAT, CHAT_OK, {"stream": "yes"}, "stream"),
     (CHAT, CHAT_OK, {"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
     (CHAT, CHAT_OK, {"ignore_eos": 1}, "ignore_eos"),
-    (CHAT, CHAT_OK, {"logit_bias": {"1": 5}}, "logit_bias"),
+    (CHAT, CHAT_OK, {"logit_bias": {"1": 500}}, "logit_bias"),
     (CHAT, CHAT_OK, {"chat_template_kwargs": []}, "chat_template_kwargs"),
     ("/v1/audio/speech", SPEECH_OK, {"input": "x" * 4097}, "input"),
     ("/v1/audio/speech", SPEECH_OK, {"input": 5}, "input"),
@@ -389,7 +389,7 @@ def test_429_with_retry_after_per_key_then_the_request_goes():
 
 # -- errors without internals ---------------------------------------------------------------------
 class BrokenGateway(FakeGateway):
-    async def stream(self, model, values, disconnected=None, param_of=None):
+    async def stream(self, model, values, disconnected=None, param_of=None, batched=True):
         raise RuntimeError("secret detail from /srv/model.py line 42")
         yield  # noqa: unreachable - makes this an async generator like the real one
 
@@ -533,7 +533,7 @@ def test_every_triton_call_has_a_deadline(monkeypatch):
 
 # -- video jobs are bounded -----------------------------------------------------------------------
 class StuckGateway(FakeGateway):
-    async def stream(self, model, values, disconnected=None, param_of=None):
+    async def stream(self, model, values, disconnected=None, param_of=None, batched=True):
         await asyncio.Event().wait()
         yield {}
 

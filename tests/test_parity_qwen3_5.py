@@ -187,7 +187,9 @@ def test_prefill_graph_body_equals_eager_prefill(pair, monkeypatch):
     torch.testing.assert_close(bucket, eager, atol=1e-5, rtol=1e-5)
     for c, e, s in zip(caches, after_eager, stale):
         assert not torch.equal(e, s)
-        torch.testing.assert_close(c, e, atol=1e-5, rtol=1e-5)
+        # the kernels (interpreted) and the torch path sum the delta rule in other orders: a state entry
+        # once differed by 1.15e-5 (of 24,576); a stale or wrong row is off by O(1)
+        torch.testing.assert_close(c, e, atol=5e-5, rtol=1e-5)
 
 
 def test_greedy_generation_continuous_batching(pair):

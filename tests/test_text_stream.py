@@ -86,8 +86,11 @@ def test_chat_pre_batch_equals_one_by_one_and_keeps_errors_apart(tokenizer):
     from triton_omni.runtime.step import Request
     from triton_omni.text.chat import ChatPreParams, ChatPreprocess
 
+    from triton_omni.text.channels import MarkerIds
+
     pre = ChatPreprocess.__new__(ChatPreprocess)
     pre.tokenizer, pre.params = tokenizer, ChatPreParams(max_model_len=64)
+    pre.defaults, pre.markers, pre._grammar = SamplingParams(), MarkerIds.of(tokenizer), None
     s = lambda v: np.array([json.dumps(v) if not isinstance(v, str) else v], dtype=np.object_)  # noqa: E731
     msgs = [{"role": "user", "content": "héllo 中文 🙂"}]
     good = [Request({"text_input": s("café naïve 🚀 end")}),
@@ -107,4 +110,4 @@ def test_chat_pre_batch_equals_one_by_one_and_keeps_errors_apart(tokenizer):
         assert isinstance(got, InvalidInput) and f"field '{field}'" in str(got), got
     # resolved once, here: the default max_tokens is what the context leaves, and a seed is drawn
     resolved = SamplingParams.from_resolved(json.loads(out[1]["sampling"][0]))
-    assert resolved.resolved and resolved.max_tokens == min(SamplingParams.DEFAULT_MAX_TOKENS, 64 - len(expect[0]))
+    assert resolved.resolved and resolved.max_tokens == 64 - len(expect[0])      # left out: the rest of the context

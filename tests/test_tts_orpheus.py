@@ -239,7 +239,8 @@ def test_pre_builds_prompt_sampling_and_speech(pre):
     ({"text": "hi", "sampling_parameters": {"stop": ["x"]}}, "field 'sampling_parameters.stop'"),
     ({"text": "hi", "sampling_parameters": {"max_tokens": 0}}, "field 'sampling_parameters.max_tokens'"),
     ({"text": "hi", "sampling_parameters": {"max_tokens": 9000}}, "field 'sampling_parameters.max_tokens'"),
-    ({"text": "hi", "sampling_parameters": {"repetition_penalty": 1.3}}, "unknown key 'repetition_penalty'"),
+    ({"text": "hi", "sampling_parameters": {"repetition_penalty": 9.0}}, "field 'sampling_parameters.repetition_penalty'"),
+    ({"text": "hi", "sampling_parameters": {"temperture": 1.0}}, "unknown key 'temperture'"),
 ])
 def test_pre_refuses_bad_input(pre, values, field):
     with pytest.raises(InvalidInput) as err:

@@ -4,6 +4,7 @@ on the AR engine with spliced embeddings; V-JEPA2's encoder; Qwen3-Embedding's t
 from __future__ import annotations
 
 import base64
+import dataclasses
 
 import numpy as np
 import pytest
@@ -162,6 +163,10 @@ def test_greedy_answers_to_image_and_video_questions_match_transformers(folder, 
     engine.run_until_done()
     for out, seq in zip(chosen, seqs):
         assert seq.output_ids == vc.hf_greedy(hf, out, steps["vision"].tower)
+    # n = 2: the fork decodes from its parent's prefill at the parent's rope positions
+    seq = engine.add(chosen[0]["input_ids"], dataclasses.replace(params, n=2), embeds=spliced(hf, chosen[0], rows[0]))
+    engine.run_until_done()
+    assert seq.output_ids == seq.forks[0].output_ids == seqs[0].output_ids
 
 
 def test_spliced_prefill_graph_layout_equals_eager_prefill(hf, steps, prepared):

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 
-from triton_omni.client.openai_proxy import audio, chat, embeddings, images, videos
+from triton_omni.client.openai_proxy import audio, chat, completions, embeddings, images, transcriptions, videos
 from triton_omni.client.openai_proxy.context import Proxy, Settings, proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, install
 from triton_omni.client.openai_proxy.guards import KeyRing, RateLimiter, add_cors, guard
@@ -70,6 +70,7 @@ def create_app(settings: Settings) -> FastAPI:
         raise ProxyError(503, "the Triton server is unavailable", code="triton_unavailable")
 
     secured = [Depends(guard)]
-    for router in (models_router, chat.router, audio.router, images.router, videos.router, embeddings.router):
+    for router in (models_router, chat.router, completions.router, audio.router, transcriptions.router,
+                   images.router, videos.router, embeddings.router):
         app.include_router(router, dependencies=secured)
     return app

@@ -1,4 +1,4 @@
-"""Audio routes: /v1/audio/speech, /v1/audio/voices, /v1/audio/transcriptions.
+"""Audio routes: /v1/audio/speech, /v1/audio/voices (transcriptions: transcriptions.py).
 
 Speech streams live as raw PCM (s16le mono): the model sends PCM chunks as it speaks. With
 `response_format: pcm` they are relayed as they come, as raw bytes or, with `stream_format: sse`,
@@ -12,14 +12,14 @@ import base64
 from contextlib import aclosing
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from triton_omni.client.openai_proxy.context import proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, missing
 from triton_omni.client.openai_proxy.fields import INT64_MAX, INT64_MIN, Fields, form_body, json_body, shown
 from triton_omni.client.openai_proxy.sse import event, sse_response
 from triton_omni.client.openai_proxy.triton import ClientGone, first_response
-from triton_omni.client.tensors import first, text
+from triton_omni.client.tensors import first
 
 router = APIRouter()
 MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/pcm"}
@@ -182,21 +182,3 @@ async def delete_voice(request: Request, voice_id: str):
     proxy_of(request).voices.delete(voice.id)
     return {"id": voice.id, "object": "audio.voice.deleted", "deleted": True}
 
-
-# -- transcription ------------------------------------------------------------------------------
-@router.post("/v1/audio/transcriptions")
-async def transcriptions(request: Request):
-    proxy = proxy_of(request)
-    form = await form_body(request)
-    audio = await form.file_bytes("file", required=True)
-    model_name = form.string("model")
-    language = form.string("language")
-    fmt = form.string("response_format", choices=("json", "text"), default="json")
-    if form.boolean("stream"):
-        raise bad_field("stream", "streamed transcription is not supported")
-    model = await proxy.models.resolve("transcription", model_name)
-    values = {"audio": (audio, "BYTES"), "language": (language, "BYTES")}
-    replies = await proxy.gateway.collect(model.name, values, request.is_disconnected,
-                                          lambda f: "file" if f == "audio" else f)
-    result = "".join(text(o, "text") for o in replies)
-    return PlainTextResponse(result) if fmt == "text" else {"text": result}

@@ -1,21 +1,25 @@
-"""POST /v1/chat/completions onto a `chat` model: messages + sampling_parameters in, text out.
+"""POST /v1/chat/completions onto a `chat` model: messages (tools, tool results) and sampling in;
+content, reasoning_content, tool_calls, logprobs and usage out; n choices.
 
-Streamed answers are `chat.completion.chunk` events: a first chunk with the role, one per text
-piece, a last one with finish_reason (and, with `stream_options.include_usage`, a usage chunk with
-no choices), then `data: [DONE]`. The first Triton response is awaited before answering, so a
-request the model rejects still gets its HTTP 400, not a 200 with an error inside.
+Streamed answers are `chat.completion.chunk` events: a first chunk per choice with the role, one per
+piece (content, reasoning_content or tool_calls delta), a last one per choice with finish_reason
+(and, with `stream_options.include_usage`, a usage chunk with no choices), then `data: [DONE]`. The
+first Triton response is awaited before answering, so a request the model rejects still gets its
+HTTP 400, not a 200 with an error inside. Request fields map onto the model's inputs in chat_fields.py.
 """
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from contextlib import aclosing
 
 from fastapi import APIRouter, Request
 
+from triton_omni.client.openai_proxy.chat_fields import param_mapper, sampling_parameters, tool_inputs
 from triton_omni.client.openai_proxy.context import proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, missing
-from triton_omni.client.openai_proxy.fields import INT32_MAX, INT64_MAX, INT64_MIN, Fields, json_body, shown
+from triton_omni.client.openai_proxy.fields import Fields, json_body, shown
 from triton_omni.client.openai_proxy.media import content_parts
 from triton_omni.client.openai_proxy.sse import DONE, event, sse_response
 from triton_omni.client.openai_proxy.triton import ClientGone, first_response
@@ -24,14 +28,15 @@ from triton_omni.client.tensors import first, text
 router = APIRouter()
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # OpenAI fields the models cannot honour: refused rather than silently ignored.
-UNSUPPORTED = ("tools", "functions", "audio", "prediction", "logit_bias")
+UNSUPPORTED = ("functions", "function_call", "audio", "prediction")
 
 
 async def parse_messages(body: Fields, max_chars: int, allow_urls: bool = False,
                          max_media_bytes: int = 0) -> tuple[list[dict], dict[str, list[bytes]]]:
-    """The messages, text parts joined (a message with images or videos keeps its parts, the media's
-    bytes going to the model's `images` / `videos` inputs: media.py); refused past `max_chars`
-    characters of text in all (the prompt the model would tokenize), before anything is sent."""
+    """The messages, their text joined, an assistant's tool_calls and reasoning_content and a tool
+    result's tool_call_id kept; refused past `max_chars` characters of text in all (the prompt the
+    model would tokenize), before anything is sent. A message with images or videos keeps its parts,
+    the media's bytes going to the model's `images` / `videos` inputs (media.py)."""
     raw = body.raw("messages")
     if raw is None:
         raise missing("messages")
@@ -58,67 +63,33 @@ async def parse_messages(body: Fields, max_chars: int, allow_urls: bool = False,
         chars += n
         if chars > max_chars:
             raise bad_field("messages", f"the messages have more than {max_chars} characters in all")
-        out.append({"role": m["role"], "content": content})
+        msg = {"role": m["role"], "content": content}
+        for key in ("tool_calls", "reasoning_content", "tool_call_id", "name"):
+            if m.get(key) is not None:
+                msg[key] = m[key]
+        out.append(msg)
     return out, media
 
 
-def sampling_parameters(body: Fields) -> tuple[dict, str]:
-    """OpenAI's sampling fields -> the model's `sampling_parameters`; also which field set the length."""
-    length_field = "max_completion_tokens" if body.has("max_completion_tokens") else "max_tokens"
-    p = {"max_tokens": body.number(length_field, lo=1, integer=True),
-         "temperature": body.number("temperature", lo=0, hi=2),
-         "top_p": body.number("top_p", lo=0, hi=1, lo_open=True),
-         "seed": body.number("seed", lo=INT64_MIN, hi=INT64_MAX, integer=True),
-         # extensions that vLLM's OpenAI server also takes
-         "top_k": body.number("top_k", lo=-1, integer=True),
-         "ignore_eos": body.boolean("ignore_eos")}
-    stop = body.raw("stop")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
-            raise bad_field("stop", "expected a non-empty string or a list of up to 4 of them")
-        p["stop"] = stop
-    ids = body.raw("stop_token_ids")
-    if ids is not None:
-        if not isinstance(ids, list) or not all(type(t) is int and 0 <= t <= INT32_MAX for t in ids):
-            raise bad_field("stop_token_ids", f"expected a list of token ids (integers in [0, {INT32_MAX}])")
-        p["stop_token_ids"] = ids
-    return {k: v for k, v in p.items() if v is not None}, length_field
-
-
 def check_unsupported(body: Fields) -> None:
-    n = body.number("n", lo=1, integer=True, default=1)
-    if n != 1:
-        raise bad_field("n", f"only n=1 is supported, got {n}")
     for name in UNSUPPORTED:
         if body.raw(name):
             raise bad_field(name, "not supported by this server")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.number(name, lo=-2, hi=2, default=0) != 0:
-            raise bad_field(name, "not supported by this server (only 0)")
-    if body.boolean("logprobs"):
-        raise bad_field("logprobs", "not supported by this server")
-    fmt = body.raw("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise bad_field("response_format", "only {'type': 'text'} is supported")
 
 
-def param_mapper(length_field: str):
-    """The model's field names (sampling_parameters.top_p, prompt) -> the request's (top_p, messages)."""
-    def param_of(field: str) -> str:
-        if field.startswith("sampling_parameters."):
-            name = field.split(".", 1)[1]
-            return length_field if name == "max_tokens" else name
-        if field == "prompt":
-            return "messages"
-        return field
-    return param_of
-
-
-def usage(outputs) -> dict:
-    prompt, completion = int(first(outputs, "prompt_tokens", 0)), int(first(outputs, "completion_tokens", 0))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def stream_options(body: Fields, stream: bool) -> bool:
+    """Whether a streamed answer ends with a usage chunk."""
+    options = body.raw("stream_options")
+    if options is not None and not stream:
+        raise bad_field("stream_options", "only allowed when 'stream' is true")
+    if options is not None and not isinstance(options, dict):
+        raise bad_field("stream_options", "expected an object")
+    include = (options or {}).get("include_usage", False)
+    if include is None:
+        return False
+    if not isinstance(include, bool):
+        raise bad_field("stream_options.include_usage", f"must be true or false, got {shown(include)}")
+    return include
 
 
 @router.post("/v1/chat/completions")
@@ -129,19 +100,10 @@ async def chat_completions(request: Request):
     settings = proxy.settings
     messages, media = await parse_messages(body, settings.max_text_chars, settings.allow_media_urls,
                                            settings.max_upload_bytes)
-    sampling, length_field = sampling_parameters(body)
+    sampling, names = sampling_parameters(body)
     check_unsupported(body)
     stream = body.boolean("stream", default=False)
-    options = body.raw("stream_options")
-    if options is not None and not stream:
-        raise bad_field("stream_options", "only allowed when 'stream' is true")
-    if options is not None and not isinstance(options, dict):
-        raise bad_field("stream_options", "expected an object")
-    include_usage = (options or {}).get("include_usage", False)
-    if include_usage is None:
-        include_usage = False
-    if not isinstance(include_usage, bool):
-        raise bad_field("stream_options.include_usage", f"must be true or false, got {shown(include_usage)}")
+    include_usage = stream_options(body, stream)
     template_kwargs = body.raw("chat_template_kwargs")
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise bad_field("chat_template_kwargs", "expected an object")
@@ -149,71 +111,138 @@ async def chat_completions(request: Request):
     if mm_kwargs is not None and not isinstance(mm_kwargs, dict):
         raise bad_field("mm_processor_kwargs", "expected an object")
     model = await proxy.models.resolve("chat", model_name)
-    for kind, items in media.items():
+    for kind in media:
         if f"{kind}s" not in model.inputs:
             raise bad_field("messages", f"the model '{model.name}' takes no {kind}s (only text content parts)")
 
     values = {"messages": (messages, "BYTES"), "sampling_parameters": (sampling or None, "BYTES"),
-              "stream": (stream, "BOOL"), "chat_template_kwargs": (template_kwargs, "BYTES"),
+              "stream": (stream, "BOOL"), "chat_template_kwargs": (template_kwargs, "BYTES"), **tool_inputs(body),
               "images": (media.get("image"), "BYTES"), "videos": (media.get("video"), "BYTES"),
               "mm_processor_kwargs": (mm_kwargs, "BYTES")}
-    replies = proxy.gateway.stream(model.name, values, request.is_disconnected, param_mapper(length_field))
+    replies = proxy.gateway.stream(model.name, values, request.is_disconnected, param_mapper(names),
+                                   batched=model.batched)
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model.name}
     if not stream:
-        return await whole_answer(replies, meta)
+        return await whole_answer(replies, meta, sampling.get("n", 1))
     first_reply = await first_response(replies)
-    return sse_response(stream_chunks(replies, first_reply, meta, include_usage))
+    return sse_response(stream_chunks(replies, first_reply, meta, include_usage, sampling.get("n", 1)))
 
 
-async def whole_answer(replies, meta: dict) -> dict:
-    parts, last = [], {}
+class Choice:
+    """One sample's answer as it arrives: text, reasoning, tool calls, logprobs, finish."""
+
+    def __init__(self, index: int, call_ids: str):
+        self.index, self.call_ids = index, call_ids
+        self.content, self.reasoning, self.calls, self.logprobs = [], [], [], []
+        self.reason: str | None = None
+        self.usage = {}
+
+    def add(self, outputs) -> dict:
+        """Take one response; returns its delta (content / reasoning_content / tool_calls)."""
+        delta = {}
+        piece, thought = text(outputs, "text_output"), text(outputs, "reasoning_output")
+        if thought:
+            self.reasoning.append(thought)
+            delta["reasoning_content"] = thought
+        if piece:
+            self.content.append(piece)
+            delta["content"] = piece
+        calls = text(outputs, "tool_calls")
+        if calls:
+            new = [{"index": len(self.calls) + i, "id": f"call_{self.call_ids}{self.index}_{len(self.calls) + i}",
+                    "type": "function", "function": c} for i, c in enumerate(json.loads(calls))]
+            self.calls += new
+            delta["tool_calls"] = new
+        lps = text(outputs, "logprobs")
+        if lps:
+            self.logprobs += json.loads(lps)
+        reason = text(outputs, "finish_reason")
+        if reason:
+            self.reason = "tool_calls" if self.calls else (reason if reason in ("stop", "length") else "stop")
+        self.usage = {k: int(first(outputs, k, 0)) for k in ("prompt_tokens", "completion_tokens", "cached_tokens",
+                                                            "reasoning_tokens")}
+        return delta
+
+    def message(self) -> dict:
+        msg = {"role": "assistant", "content": "".join(self.content) if self.content or not self.calls else None,
+               "refusal": None}
+        if self.reasoning:
+            msg["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in self.calls]
+        return msg
+
+
+def usage(choices: list[Choice]) -> dict:
+    u = [c.usage for c in choices if c.usage]
+    prompt = u[0]["prompt_tokens"] if u else 0
+    completion = sum(x["completion_tokens"] for x in u)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": u[0]["cached_tokens"] if u else 0},
+            "completion_tokens_details": {"reasoning_tokens": sum(x["reasoning_tokens"] for x in u)}}
+
+
+def _choices(n: int) -> list[Choice]:
+    tag = uuid.uuid4().hex[:12]
+    return [Choice(i, tag) for i in range(n)]
+
+
+def _index(outputs, n: int) -> int:
+    i = int(first(outputs, "index", 0))
+    return i if 0 <= i < n else 0
+
+
+async def whole_answer(replies, meta: dict, n: int = 1) -> dict:
+    choices = _choices(n)
     async with aclosing(replies):       # a client that leaves: ClientGone, answered 499 by the app
         async for outputs in replies:
-            parts.append(text(outputs, "text_output"))
-            last = outputs
+            choices[_index(outputs, n)].add(outputs)
     return {"id": meta["id"], "object": "chat.completion", "created": meta["created"], "model": meta["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts), "refusal": None},
-                         "logprobs": None, "finish_reason": finish_reason(last)}],
-            "usage": usage(last), "system_fingerprint": None}
+            "choices": [{"index": c.index, "message": c.message(),
+                         "logprobs": {"content": c.logprobs} if c.logprobs else None,
+                         "finish_reason": c.reason or "stop"} for c in choices],
+            "usage": usage(choices), "system_fingerprint": None}
 
 
-def finish_reason(outputs) -> str:
-    reason = text(outputs, "finish_reason")
-    return reason if reason in ("stop", "length") else "stop"
-
-
-async def stream_chunks(replies, first_reply, meta: dict, include_usage: bool):
+async def stream_chunks(replies, first_reply, meta: dict, include_usage: bool, n: int = 1):
     """The SSE frames. Runs inside the response: a client that leaves cancels it, and closing
     `replies` (aclosing) closes the Triton stream with cancel_requests=True."""
     head = {"id": meta["id"], "object": "chat.completion.chunk", "created": meta["created"], "model": meta["model"],
             "system_fingerprint": None}
     extra = {"usage": None} if include_usage else {}
+    choices = _choices(n)
 
-    def chunk(delta: dict, reason: str | None = None) -> bytes:
-        return event({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
-                      **extra})
+    def chunk(index: int, delta: dict, reason: str | None = None, logprobs=None) -> bytes:
+        return event({**head, "choices": [{"index": index, "delta": delta,
+                                           "logprobs": {"content": logprobs} if logprobs else None,
+                                           "finish_reason": reason}], **extra})
 
     async def outputs_in_order():
         yield first_reply
         async for outputs in replies:
             yield outputs
 
-    last = first_reply
     async with aclosing(replies):
-        yield chunk({"role": "assistant", "content": "", "refusal": None})
+        for c in choices:
+            yield chunk(c.index, {"role": "assistant", "content": "", "refusal": None})
         try:
             async for outputs in outputs_in_order():
-                last = outputs
-                piece = text(outputs, "text_output")
-                if piece:
-                    yield chunk({"content": piece})
+                c = choices[_index(outputs, n)]
+                seen = len(c.logprobs)
+                delta = c.add(outputs)
+                if delta or len(c.logprobs) > seen:
+                    yield chunk(c.index, delta, logprobs=c.logprobs[seen:])
+                if c.reason is not None:
+                    yield chunk(c.index, {}, c.reason)
         except ProxyError as e:         # after the 200: the error travels as an event
             yield event(e.body())
             yield DONE
             return
         except ClientGone:
             return
-        yield chunk({}, finish_reason(last))
+        for c in choices:
+            if c.reason is None:        # a sample whose end the stream did not carry (cancelled)
+                yield chunk(c.index, {}, "stop")
         if include_usage:
-            yield event({**head, "choices": [], "usage": usage(last)})
+            yield event({**head, "choices": [], "usage": usage(choices)})
         yield DONE

@@ -74,7 +74,7 @@ async def embeddings(request: Request):
     async def one(v, w):
         async with gate:
             return await proxy.gateway.collect(model.name, v, request.is_disconnected,
-                                               lambda f, w=w: w if f in ("text", "video") else f)
+                                               lambda f, w=w: w if f in ("text", "video") else f, model.batched)
 
     answers = await asyncio.gather(*(one(v, w) for v, w in zip(values, where)))
     data, tokens = [], 0

@@ -35,6 +35,7 @@ class ServedModel:
     route: str
     description: str
     created: int          # when this proxy first saw it ready: OpenAI's `created`
+    batched: bool = True  # inputs with a batch dimension (max_batch_size > 0); the chat models' fronts: none
     inputs: frozenset = frozenset()     # its input tensors' names (what a request may carry: images, video, ...)
 
 
@@ -48,6 +49,7 @@ def served_model(name: str, config: dict) -> ServedModel | None:
         log.warning("skipping %s: unknown openai_route %r (known: %s)", name, route, ", ".join(ROUTES))
         return None
     return ServedModel(name, route, params.get(DESCRIPTION_PARAMETER, ""), int(time.time()),
+                       int(config.get("max_batch_size", 0)) > 0,
                        frozenset(i.get("name", "") for i in config.get("input", [])))
 
 

@@ -69,9 +69,10 @@ class TritonGateway:
             return False
 
     async def stream(self, model: str, values: dict, disconnected: Callable[[], Awaitable[bool]] | None = None,
-                     param_of=lambda f: f) -> AsyncIterator[Outputs]:
+                     param_of=lambda f: f, batched: bool = True) -> AsyncIterator[Outputs]:
         """Yields each response's outputs (batch dimension removed); raises ProxyError on a Triton
-        error and ClientGone when `disconnected()` turns true while waiting."""
+        error and ClientGone when `disconnected()` turns true while waiting. `batched`: whether the
+        model has a batch dimension (the chat models' fronts have none)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -85,7 +86,7 @@ class TritonGateway:
         finished = False
         try:
             client.start_stream(callback=on_response, stream_timeout=self.timeout_s + STREAM_GRACE_S)
-            client.async_stream_infer(model, make_inputs(grpcclient, values), request_id=uuid.uuid4().hex,
+            client.async_stream_infer(model, make_inputs(grpcclient, values, batched), request_id=uuid.uuid4().hex,
                                       enable_empty_final_response=True)
             deadline = loop.time() + self.timeout_s
             while True:
@@ -101,7 +102,8 @@ class TritonGateway:
                     finished = True
                     raise from_triton(error, param_of)
                 response = result.get_response()
-                outputs = {o.name: result.as_numpy(o.name)[0] for o in response.outputs}
+                outputs = {o.name: result.as_numpy(o.name)[0] if batched else result.as_numpy(o.name)
+                           for o in response.outputs}
                 finished = is_final_response(response)
                 if outputs:
                     yield outputs
@@ -111,10 +113,11 @@ class TritonGateway:
             # Off the event loop: stop_stream joins the client's reader thread.
             threading.Thread(target=_close, args=(client, not finished), daemon=True).start()
 
-    async def collect(self, model: str, values: dict, disconnected=None, param_of=lambda f: f) -> list[Outputs]:
+    async def collect(self, model: str, values: dict, disconnected=None, param_of=lambda f: f,
+                      batched: bool = True) -> list[Outputs]:
         """Every response of a request (for answers sent whole)."""
         out = []
-        async for outputs in self.stream(model, values, disconnected, param_of):
+        async for outputs in self.stream(model, values, disconnected, param_of, batched):
             out.append(outputs)
         return out
 

@@ -4,6 +4,8 @@ static cache, on real-size shapes with random bf16 weights, in one run on one GP
 
     python -m perf_analyzer_configs.benchmarks.bench_ar_decode           # on the GPU machine
     python -m perf_analyzer_configs.benchmarks.bench_ar_decode --smoke   # tiny shape on the CPU (checks the script)
+    python -m perf_analyzer_configs.benchmarks.bench_ar_decode --models qwen3-8b qwen3-0.6b --modes inprocess \
+        --concurrency 1 64 --weights bf16 fp8 fp8_lm_head                # FP8 weights against bf16, and their accuracy
 
 Fixed prompt length (512) and output length (256, EOS ignored), greedy. Writes
 perf_analyzer_configs/results/ar_decode.json (raw numbers, command, GPU, versions) and its pages.
@@ -23,8 +25,10 @@ from pathlib import Path
 import torch
 
 from perf_analyzer_configs import results
+from perf_analyzer_configs.benchmarks import fp8_accuracy
 from perf_analyzer_configs.benchmarks.ar_checkpoints import SHAPES, prompts, random_text, write_checkpoint
 from perf_analyzer_configs.benchmarks.common import device_name, percentile, release_memory, start_server, versions
+from triton_omni.runtime.params import torch_dtype
 
 RESULTS = results.RESULTS / "ar_decode.json"
 # the modes the default settings make (--server-model qwen3_chat, --client stream, --hf-cache static);
@@ -73,7 +77,7 @@ def ar_overrides(args) -> list[tuple[str, object]]:
 
 
 # --- our engine, in-process ----------------------------------------------------------------------
-def bench_inprocess(name, folder, args, device):
+def bench_inprocess(name, folder, args, device, weights="bf16"):
     from triton_omni.ar.engine import EngineThread
     from triton_omni.ar.sampling import SamplingParams
     from triton_omni.ar.step import ARParams, build_engine
@@ -83,6 +87,7 @@ def bench_inprocess(name, folder, args, device):
                       enforce_eager=args.eager)
     for key, value in ar_overrides(args):
         setattr(params, key, value)
+    params.quantization, params.quantize_lm_head = fp8_accuracy.WEIGHTS[weights]
     t = time.monotonic()
     engine, _ = build_engine(folder, params, device)
     setup_s = time.monotonic() - t
@@ -119,14 +124,14 @@ def bench_inprocess(name, folder, args, device):
     rows = []
     for c in args.concurrency:
         wall, per = run(c, c)
-        rows.append(summarize("ours in-process", name, c, wall, per, args.output_len))
+        rows.append(summarize(fp8_accuracy.label("ours in-process", weights), name, c, wall, per, args.output_len))
         print(json.dumps(rows[-1]), flush=True)
     rows[0]["setup_s"] = setup_s
     rows[0]["cuda_graphs"] = engine.runner.use_graphs
     loop.stop()
     if args.profile and (torch.cuda.is_available() or args.smoke):
         for c in sorted({1, max(args.concurrency)}):
-            profile_steps(engine, sp, args, c, Path(args.out).parent / f"profile-{name}-c{c}.txt")
+            profile_steps(engine, sp, args, c, Path(args.out).parent / f"profile-{name}-{weights}-c{c}.txt")
     return rows
 
 
@@ -161,12 +166,14 @@ def profile_steps(engine, sp, args, c: int, path: Path) -> None:
 
 
 # --- our engine behind tritonserver --------------------------------------------------------------
-def serve(folder, args, target):
+def serve(folder, args, target, weights="bf16"):
     """tritonserver with qwen3_chat on the benchmark's shape (dummy weights); returns (server, setup s)."""
     c_max = max(args.concurrency)
+    quantization, lm_head = fp8_accuracy.WEIGHTS[weights]
     overrides = [f"qwen3_chat.ar.{k}={v}" for k, v in {
         "load_format": "dummy", "max_num_seqs": c_max, "dtype": args.dtype, "enforce_eager": str(args.eager).lower(),
-        "max_num_batched_tokens": c_max * args.prompt_len}.items()]
+        "max_num_batched_tokens": c_max * args.prompt_len, "quantization": quantization,
+        "quantize_lm_head": str(lm_head).lower()}.items()]
     overrides.append(f"qwen3_chat.max_model_len={args.prompt_len + args.output_len + 16}")
     t = time.monotonic()
     server = start_server("qwen3_chat", folder, overrides + (args.set or []), Path(args.workdir), target,
@@ -174,7 +181,7 @@ def serve(folder, args, target):
     return server, time.monotonic() - t
 
 
-def bench_server(name, folder, args, target):
+def bench_server(name, folder, args, target, weights="bf16"):
     """gRPC streaming against the live server: TTFT and TPOT per request, from the first send.
     `--client stream` (default): one client and one gRPC stream carry all c requests, the responses
     told apart by request id, as the in-process run adds all c prompts from one thread.
@@ -185,7 +192,7 @@ def bench_server(name, folder, args, target):
     from triton_omni.client.tensors import make_inputs
     from triton_omni.client.triton import host_port, is_final_response
 
-    server, setup_s = serve(folder, args, target)
+    server, setup_s = serve(folder, args, target, weights)
     rng = random.Random(0)
     sampling = {"max_tokens": args.output_len, "temperature": 0.0, "ignore_eos": True}
 
@@ -235,8 +242,9 @@ def bench_server(name, folder, args, target):
                 if left[0] == 0:
                     done.set()
 
+        batched = args.server_model != "qwen3_chat"        # the front takes [1] inputs, as the vLLM backend's models
         requests = [make_inputs(grpcclient, {"text_input": (t, "BYTES"), "sampling_parameters": (sampling, "BYTES"),
-                                             "stream": (True, "BOOL")}) for t in texts]
+                                             "stream": (True, "BOOL")}, batched) for t in texts]
         client = grpcclient.InferenceServerClient(host_port(server.grpc_url))
         client.start_stream(callback=on_response)
         try:
@@ -267,6 +275,7 @@ def bench_server(name, folder, args, target):
             wall, per = run(c)
             mode = "ours via tritonserver" + ("" if args.server_model == "qwen3_chat" else f" ({args.server_model})") \
                 + ("" if args.client == "stream" else " (a client per request)")
+            mode = fp8_accuracy.label(mode, weights)
             rows.append(summarize(mode, name, c, wall, per, args.output_len))
             print(json.dumps(rows[-1]), flush=True)
         rows[0]["setup_s"] = setup_s
@@ -382,12 +391,14 @@ def copy_bandwidth(device) -> float:
     return 2 * (2 << 30) / statistics.median(times)
 
 
-def decode_bytes_per_step(folder: Path, context: float, dtype_bytes: int = 2) -> float:
+def decode_bytes_per_step(folder: Path, context: float, dtype_bytes: int = 2, weights: str = "bf16") -> float:
     """Bytes one batch-1 decode step must move: every weight once (the embedding table only as the
     lm_head when tied, else one row), K/V of the full-attention layers at `context`, and the fp32
     recurrent state of the linear-attention layers read and written. Counted on our own model
-    class built on the meta device, so it is the model the engine actually runs."""
+    class built on the meta device, so it is the model the engine actually runs. FP8 `weights`: the
+    layers' linear weights (and the lm_head's with fp8_lm_head) one byte each, plus their scales."""
     from triton_omni.models.context import AttentionCacheSpec, RecurrentStateSpec
+    from triton_omni.models.layers import Linear, MergedLinear
     from triton_omni.models.registry import MODELS, text_config
 
     config, model_type = text_config(folder)
@@ -395,10 +406,14 @@ def decode_bytes_per_step(folder: Path, context: float, dtype_bytes: int = 2) ->
     with torch.device("meta"):
         model = getattr(__import__(module, fromlist=[cls]), cls)(config)
     params = {id(p): p.numel() for p in model.parameters()}
-    weights = sum(params.values())
+    elements = sum(params.values())
     if not config.tie_word_embeddings:
-        weights -= model.model.embed_tokens.weight.numel() - config.hidden_size
-    total = weights * dtype_bytes
+        elements -= model.model.embed_tokens.weight.numel() - config.hidden_size
+    total = elements * dtype_bytes
+    if weights != "bf16":
+        fp8 = [m.weight for m in model.modules() if isinstance(m, (Linear, MergedLinear))]
+        fp8 += [model.lm_head.weight] if fp8_accuracy.WEIGHTS[weights][1] else []
+        total -= sum(w.numel() * (dtype_bytes - 1) - 4 * w.shape[0] for w in fp8)   # 1 byte + a scale a row
     for m in model.modules():
         if hasattr(m, "cache_spec"):
             spec = m.cache_spec()
@@ -412,32 +427,44 @@ def decode_bytes_per_step(folder: Path, context: float, dtype_bytes: int = 2) ->
     return total
 
 
+def roofline_key(model: str, weights: str) -> str:
+    return model if weights == "bf16" else f"{model} ({weights} weights)"
+
+
 def roofline(models, args) -> dict:
-    """Per model: the bytes of a batch-1 decode step at the mean context, and that over the copy bandwidth."""
+    """Per (model, weights): the bytes of a batch-1 decode step at the mean context, and that over the copy bandwidth."""
     out = {}
-    for name in models:
+    for name, weights in models:
         step_bytes = decode_bytes_per_step(write_checkpoint(name, Path(args.workdir) / "checkpoints"),
-                                           args.prompt_len + args.output_len / 2)
+                                           args.prompt_len + args.output_len / 2, weights=weights)
         ideal = step_bytes / args.bandwidth if args.bandwidth == args.bandwidth else None
-        out[name] = {"bytes_per_step_c1": step_bytes, "ideal_tpot_ms_c1": ideal and 1e3 * ideal}
+        out[roofline_key(name, weights)] = {"bytes_per_step_c1": step_bytes, "ideal_tpot_ms_c1": ideal and 1e3 * ideal}
     return out
 
 
-def write_results(rows, args, path: Path, gpu=None, run_versions=None, date=None, notes=()):
-    lines = roofline(sorted({r["model"] for r in rows}), args)
+def write_results(rows, args, path: Path, gpu=None, run_versions=None, date=None, notes=(), accuracy=()):
+    lines = roofline(sorted({(r["model"], fp8_accuracy.weights_of(r["mode"])) for r in rows}), args)
     for r in rows:
-        ideal = lines[r["model"]]["ideal_tpot_ms_c1"]
+        ideal = lines[roofline_key(r["model"], fp8_accuracy.weights_of(r["mode"]))]["ideal_tpot_ms_c1"]
         if r["concurrency"] == 1 and ideal:
             r["roofline_share_c1"] = ideal / r["tpot_ms_p50"]
     meta = {"gpu": gpu or device_name(), "versions": run_versions or versions("transformers", "triton"),
             "copy_bandwidth_GBps": args.bandwidth / 1e9, "prompt_len": args.prompt_len,
             "output_len": args.output_len, "dtype": args.dtype, "roofline": lines}
+    if accuracy:
+        meta["fp8_accuracy"] = list(accuracy)
     results.write(path, PAGE, rows, meta, notes, date)
 
 
 def intro(data) -> list[str]:
     return [f"Prompt {data['prompt_len']} tokens, {data['output_len']} output tokens (EOS ignored), greedy, "
             f"{data['dtype']}, random weights. Copy bandwidth {data['copy_bandwidth_GBps']:.0f} GB/s (read + write)."]
+
+
+def after(rows, data) -> list[str]:
+    fp8 = fp8_accuracy.speedups(rows, "tokens_per_s", 1.6, "tokens/s")
+    return [*roofline_line(rows, data), *(["", "FP8 weights:", "", *[f"- {t}" for t in fp8]] if fp8 else []),
+            *fp8_accuracy.table_lines(data.get("fp8_accuracy", []))]
 
 
 def roofline_line(rows, data) -> list[str]:
@@ -447,15 +474,16 @@ def roofline_line(rows, data) -> list[str]:
 
 
 PAGE = results.Page(
-    title="AR decode benchmark", module="perf_analyzer_configs.benchmarks.bench_ar_decode", intro=intro, after=roofline_line,
+    title="AR decode benchmark", module="perf_analyzer_configs.benchmarks.bench_ar_decode", intro=intro, after=after,
     columns=[results.column("model", "model", numeric=False), results.column("mode", "mode", numeric=False),
              results.column("concurrency", "concurrency"), results.column("tokens/s", "tokens_per_s", ".0f"),
              results.column("TPOT p50 ms", "tpot_ms_p50", ".2f"),
              results.Column("TTFT p50 ms", lambda r: f"{r['ttft_ms_p50']:.1f}" if "ttft_ms_p50" in r else "n/a"),
              results.Column("roofline share (c=1)",
                             lambda r: f"{100 * r['roofline_share_c1']:.0f}%" if "roofline_share_c1" in r else "")],
-    current=lambda r: r["mode"] in CURRENT_MODES,
-    order=lambda r: (list(SHAPES).index(r["model"]), CURRENT_MODES.index(r["mode"]), r["concurrency"]))
+    current=lambda r: fp8_accuracy.base_mode(r["mode"]) in CURRENT_MODES,
+    order=lambda r: (list(SHAPES).index(r["model"]), CURRENT_MODES.index(fp8_accuracy.base_mode(r["mode"])),
+                     list(fp8_accuracy.WEIGHTS).index(fp8_accuracy.weights_of(r["mode"])), r["concurrency"]))
 
 
 def main() -> int:
@@ -478,6 +506,10 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--weights", nargs="+", default=["bf16"], choices=list(fp8_accuracy.WEIGHTS),
+                    help="the engine's weights, each timed in the in-process and server modes: bf16 (--dtype), or FP8 "
+                         "(per channel, per 128x128 block, or per channel with the lm_head too); an FP8 kind also "
+                         "gets an accuracy table against bf16 on the same random weights")
     ap.add_argument("--hf-cache", default="static", choices=["static", "dynamic"])
     ap.add_argument("--hf-compile", action="store_true", help="let transformers compile its static-cache decode")
     ap.add_argument("--eager", action="store_true", help="our engine without CUDA graphs")
@@ -493,7 +525,8 @@ def main() -> int:
         first = parts[0]
         args.prompt_len, args.output_len, args.dtype = first["prompt_len"], first["output_len"], first["dtype"]
         args.bandwidth = first["copy_bandwidth_GBps"] * 1e9
-        write_results(rows, args, args.out, first["gpu"], first["versions"], max(p["date"] for p in parts), notes)
+        write_results(rows, args, args.out, first["gpu"], first["versions"], max(p["date"] for p in parts), notes,
+                      [e for p in parts for e in p.get("fp8_accuracy", [])])
         print(args.out.with_suffix(".md").read_text())
         return 0
     if args.smoke:
@@ -503,20 +536,28 @@ def main() -> int:
     target = "gpu" if device != "cpu" else "cpu"
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     args.bandwidth = copy_bandwidth(device)
-    rows = []
+    rows, accuracy, notes = [], [], list(args.note)
     for name in args.models:
         folder = write_checkpoint(name, Path(args.workdir) / "checkpoints")
-        for mode in args.modes:
+        for weights in [w for w in args.weights if w != "bf16"]:
+            entry = {"model": name, "weights": weights, "rows": fp8_accuracy.ar_accuracy(
+                folder, device, torch_dtype(args.dtype), weights, args.prompt_len)}
+            accuracy.append(entry)
+            notes.append(fp8_accuracy.summary(name, weights, entry["rows"], args.dtype))
+            print(notes[-1], flush=True)
+            release_memory()
+        parts = [(m, w) for m in args.modes for w in (args.weights if m in ("inprocess", "server") else ["bf16"])]
+        for mode, weights in parts:
             if mode == "inprocess":
-                rows += bench_inprocess(name, folder, args, device)
+                rows += bench_inprocess(name, folder, args, device, weights)
             elif mode == "server":
-                rows += bench_server(name, folder, args, target)
+                rows += bench_server(name, folder, args, target, weights)
             elif mode == "server-pa":
                 rows += bench_server_perf_analyzer(name, folder, args, target)
             else:
                 rows += bench_hf(name, folder, args, device)
             release_memory()
-            write_results(rows, args, args.out, notes=args.note)   # after every part: a timeout keeps what ran
+            write_results(rows, args, args.out, notes=notes, accuracy=accuracy)   # a timeout keeps what ran
     print(args.out.with_suffix(".md").read_text())
     return 0
 

@@ -33,6 +33,7 @@ import triton_omni.image.denoise
 import triton_omni.image.text_encoder
 import triton_omni.image.vae
 from perf_analyzer_configs import results
+from perf_analyzer_configs.benchmarks import fp8_accuracy
 from perf_analyzer_configs.benchmarks.ar_checkpoints import QWEN3_COMMON, SPECIALS
 from perf_analyzer_configs.benchmarks.common import (ROOT, device_name, percentile, release_memory, start_server,
                                                      versions)
@@ -245,16 +246,18 @@ def request(ctx, i: int, size: int) -> dict:
             "guidance_scale": np.array([ctx.spec["guidance"]], np.float32), "seed": np.array([1000 + i], np.int64)}
 
 
-def build_steps(ctx, compiled: bool = False) -> dict:
+def build_steps(ctx, compiled: bool = False, weights: str = "bf16") -> dict:
     """The ensemble's steps with its parameters for this target; they take the modules already built.
-    `compiled`: the denoise step compiles the transformer's repeated blocks (its `compile` parameter)."""
+    `compiled`: the denoise step compiles the transformer's repeated blocks (its `compile` parameter);
+    `weights` fp8: its `quantization` (on a copy of the weights of its own)."""
     cfg = load_ensemble(ROOT / "ensemble_configs" / f"{ctx.name}.yaml")
     modules = (triton_omni.image.denoise, triton_omni.image.text_encoder, triton_omni.image.vae)
     saved = [m.load_component for m in modules]
     # Our denoise step sets its transformer's attention kernel (its `attention` parameter) and compiles
     # its blocks: it gets a copy of the same weights, so the diffusers modes keep their defaults.
-    ctx.own_transformer = ctx.own_transformer or copy.deepcopy(ctx.components["transformer"])
-    own = dict(ctx.components, transformer=ctx.own_transformer)
+    if weights not in ctx.own:
+        ctx.own[weights] = copy.deepcopy(ctx.components["transformer"])
+    own = dict(ctx.components, transformer=ctx.own[weights])
     for m in modules:
         m.load_component = lambda folder, name, dtype="float32", device="cpu": own[name]
     try:
@@ -263,6 +266,7 @@ def build_steps(ctx, compiled: bool = False) -> dict:
             raw = cfg.resolved_parameters(s, "gpu" if ctx.cuda else "cpu")
             raw.update({"checkpoint": str(ctx.folder)} if "checkpoint" in raw else {})
             raw.update({"compile": "true"} if compiled and "compile" in raw else {})
+            raw.update({"quantization": "fp8"} if weights != "bf16" and "quantization" in raw else {})
             sctx = StepContext(model_name=cfg.model_name(s), params=parse_params(s.cls.Params, raw), base_dir=ROOT,
                                device=ctx.device if s.kind == "gpu" else "cpu", max_batch_size=cfg.max_batch_size)
             steps[s.key] = s.cls(sctx)
@@ -280,11 +284,10 @@ def run_steps(step, tensors):
         x.update(o)
 
 
-def ours(ctx, size, compiled: bool = False):
-    if compiled:
-        steps = ctx.steps_compiled = ctx.steps_compiled or build_steps(ctx, compiled=True)
-    else:
-        steps = ctx.steps = ctx.steps or build_steps(ctx)
+def ours(ctx, size, compiled: bool = False, weights: str = "bf16"):
+    if (compiled, weights) not in ctx.steps:
+        ctx.steps[compiled, weights] = build_steps(ctx, compiled, weights)
+    steps = ctx.steps[compiled, weights]
 
     def go(c):
         tensors, stages, t0 = [request(ctx, i, size) for i in range(c)], {}, time.perf_counter()
@@ -302,7 +305,22 @@ def ours(ctx, size, compiled: bool = False):
         return [wall] * c, wall, tensors[0]["pixels"][0], stages
 
     denoise = steps["denoise"]      # Z-Image's step calls the transformer's split forward, not its forward
-    return [("ours-compile" if compiled else "ours", go, 0, getattr(denoise, "split_forward", denoise.transformer))]
+    label = fp8_accuracy.label("ours-compile" if compiled else "ours", weights)
+    return [(label, go, 0, getattr(denoise, "split_forward", denoise.transformer))]
+
+
+def fp8_entry(ctx, size) -> dict:
+    """FP8 against bf16 on the same weights (fp8_accuracy.image_accuracy): request 0 through both eager steps."""
+    def latents(steps):
+        tensors = [request(ctx, 0, size)]
+        for key in ("pre", "text_encoder", "denoise"):
+            run_steps(steps[key], tensors)
+        return torch.as_tensor(tensors[0]["latents"])
+
+    ref, q = ctx.steps[False, "bf16"], ctx.steps[False, "fp8"]
+    rows = fp8_accuracy.image_accuracy(ref["denoise"].transformer, q["denoise"].transformer,
+                                       lambda: latents(ref), lambda: latents(q))
+    return {"model": f"{ctx.name} {size}x{size}", "weights": "fp8", "rows": rows}
 
 
 def call(ctx, pipe, ids, size):
@@ -433,12 +451,13 @@ def targets(rows) -> list[str]:
                 x = mine8["images_per_s"] / mine["images_per_s"]
                 out.append(f"{model} {size}: {ours} c=8 {mine8['images_per_s']:.2f} images/s vs one at a time (c=1) "
                            f"{mine['images_per_s']:.2f} = {x:.2f}x (target >= 1.5x): {'PASS' if x >= 1.5 else 'FAIL'}")
-    return out
+    return out + fp8_accuracy.speedups(rows, "denoise_ms", 1.4, "denoise ms/call", ("model", "size", "concurrency"))
 
 
-def write_results(rows, path: Path, matmul: float, gpu=None, run_versions=None, date=None, notes=()):
+def write_results(rows, path: Path, matmul: float, gpu=None, run_versions=None, date=None, notes=(), accuracy=()):
     meta = {"gpu": gpu or device_name(), "versions": run_versions or versions("diffusers", "transformers"),
             "matmul_tflops": matmul, "flops_formula": FLOPS_NOTE, "targets": targets(rows)}
+    meta.update({"fp8_accuracy": list(accuracy)} if accuracy else {})
     results.write(path, PAGE, rows, meta, notes, date)
 
 
@@ -456,7 +475,8 @@ def after(rows, data) -> list[str]:
             "(same weights, prompt and seed): a sanity check, 0-1 in fp32 (`--shapes tiny` on a CPU). In bf16 the "
             "random weights amplify rounding, and FLUX.2's pipeline keeps its latents in bf16 (ours: fp32), so "
             "large values there are expected. first call s: the warm-up call after torch.compile (compiling a new "
-            "shape + one run), kept out of the timings.", "", "Targets:", "", *[f"- {t}" for t in data["targets"]]]
+            "shape + one run), kept out of the timings.", "", "Targets:", "", *[f"- {t}" for t in data["targets"]],
+            *fp8_accuracy.table_lines(data.get("fp8_accuracy", []))]
 
 
 MODE_LABELS = ["ours", "ours-compile", "diffusers", "diffusers (batched)", "diffusers-compile",
@@ -474,7 +494,8 @@ PAGE = results.Page(
              results.Column("Δpx max / mean", lambda r: f"{r['max_abs_diff_px']}"
                             + (f" / {r['mean_abs_diff_px']:.1f}" if "mean_abs_diff_px" in r else "")),
              results.column("first call s", "first_call_s", ".0f")],
-    order=lambda r: (list(MODELS).index(r["model"]), -int(r["size"].split("x")[0]), MODE_LABELS.index(r["mode"]),
+    order=lambda r: (list(MODELS).index(r["model"]), -int(r["size"].split("x")[0]),
+                     MODE_LABELS.index(fp8_accuracy.base_mode(r["mode"])), fp8_accuracy.weights_of(r["mode"]) != "bf16",
                      r["concurrency"]))
 
 
@@ -487,6 +508,9 @@ def main() -> int:
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--repeats", type=int, help="timed runs per row (default 5; tiny: 2)")
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode of diffusers-compile")
+    ap.add_argument("--weights", nargs="+", default=["bf16"], choices=["bf16", "fp8"],
+                    help="our steps' transformer weights (fp8: the denoise step's quantization; with ours among the "
+                         "modes, an accuracy table against bf16 too)")
     ap.add_argument("--workdir", default="/tmp/triton-omni-bench-image")
     ap.add_argument("--out", type=Path, default=results.RESULTS / "image.json")
     ap.add_argument("--dry-run", action="store_true", help="print parameter and FLOP counts (meta device), then stop")
@@ -510,17 +534,17 @@ def main() -> int:
     if args.merge:
         parts, rows, notes = results.merge_parts(args.merge, ("model", "size", "mode", "concurrency"), args.note)
         write_results(rows, args.out, parts[0]["matmul_tflops"], parts[0]["gpu"], parts[0]["versions"],
-                      max(p["date"] for p in parts), notes)
+                      max(p["date"] for p in parts), notes, [e for p in parts for e in p.get("fp8_accuracy", [])])
         print(args.out.with_suffix(".md").read_text())
         return 0
     cuda = torch.cuda.is_available()
     if not cuda:
         torch.set_num_threads(1)   # a CPU check shares its cores; threads spinning against each other cost 10x
-    matmul, rows, notes = matmul_tflops(cuda), [], list(args.note)
+    matmul, rows, notes, accuracy = matmul_tflops(cuda), [], list(args.note), []
     for name in args.models:
         spec = spec_for(name, args.shapes)
         ctx = argparse.Namespace(name=name, spec=spec, tcfg=spec["transformer"][1], cuda=cuda, args=args, matmul=matmul,
-                                 device="cuda:0" if cuda else "cpu", steps=None, steps_compiled=None, own_transformer=None, pipe=None,
+                                 device="cuda:0" if cuda else "cpu", steps={}, own={}, pipe=None,
                                  compiled=None, server=None,
                                  reference={}, sync=torch.cuda.synchronize if cuda else (lambda: None))
         ctx.folder = write_folder(spec, Path(args.workdir) / f"{args.shapes}-{name}")
@@ -532,7 +556,8 @@ def main() -> int:
                 if mode not in args.modes:
                     continue                                   # server mode, skipped below
                 try:
-                    variants = (ours(ctx, size, mode == "ours-compile") if mode.startswith("ours")
+                    variants = ([v for w in args.weights for v in ours(ctx, size, mode == "ours-compile", w)]
+                                if mode.startswith("ours")
                                 else server(ctx, size) if mode == "server"
                                 else diffusers_modes(ctx, size, mode == "diffusers-compile"))
                 except (ImportError, RuntimeError, TimeoutError) as exc:
@@ -546,7 +571,12 @@ def main() -> int:
                     for c in [c for c in args.concurrency if c > 1 or not label.endswith("(batched)")]:
                         rows.append(measure(ctx, label, go, warm_c, module, size, c))
                         print(json.dumps(rows[-1]), flush=True)
-                        write_results(rows, args.out, matmul, notes=notes)   # after every row: a timeout keeps it
+                        write_results(rows, args.out, matmul, notes=notes, accuracy=accuracy)   # a timeout keeps every row
+                if mode == "ours" and size == args.sizes[-1] and "fp8" in args.weights:   # before compiling in place
+                    accuracy.append(fp8_entry(ctx, args.sizes[0]))
+                    notes.append(fp8_accuracy.summary(accuracy[-1]["model"], "fp8", accuracy[-1]["rows"],
+                                                      "bf16" if cuda else "fp32"))
+                    print(notes[-1], flush=True)
         finally:
             if ctx.server is not None:
                 ctx.server.stop()
@@ -555,7 +585,7 @@ def main() -> int:
             del ctx
             torch._dynamo.reset()
             release_memory()
-    write_results(rows, args.out, matmul, notes=notes)
+    write_results(rows, args.out, matmul, notes=notes, accuracy=accuracy)
     print(args.out.with_suffix(".md").read_text())
     return 0
 

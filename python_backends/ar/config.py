@@ -27,6 +27,9 @@ class EngineConfig:
     # of several small ones that each stop every decode. 0: prefill whatever is waiting at once.
     prefill_quiet_ms: float = 0.0
     prefill_max_wait_ms: float = 0.0
+    # prompts' full KV blocks kept and found again by their tokens (ar/prefix_cache.py): a prompt that
+    # starts like an earlier one prefills only the rest. Attention-only models (see LLMEngine).
+    enable_prefix_caching: bool = True
 
     def prefill_graph_sizes(self) -> list[int]:
         """The prefill buckets a step can use: the configured sizes up to the first that holds the largest

@@ -19,11 +19,10 @@ import torch
 
 from triton_omni.ar.engine import LLMEngine
 from triton_omni.ar.prompt_embeds import PromptEmbeds, placeholder_index
-from triton_omni.ar.step import ARDecode, ARParams, build_engine
+from triton_omni.ar.step import ARDecode, ARParams
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, register
-from triton_omni.text.tokenizer import token_byte_table
 
 # config.json keys (top level or the text config) that name a placeholder token
 PLACEHOLDER_KEYS = ("image_token_id", "video_token_id", "audio_token_id")
@@ -52,11 +51,11 @@ class ARDecodeWithEmbeds(ARDecode):
     )
     Params = EmbedsARParams
 
+    spliced_prompts = True
+
     def make_engine(self, folder) -> LLMEngine:
-        engine, tokenizer = build_engine(folder, self.params, self.ctx.device, prompt_embeds=True)
-        self.token_bytes = token_byte_table(tokenizer)
         self.placeholders = self.params.placeholder_token_ids or placeholder_ids(folder)
-        return engine
+        return super().make_engine(folder)
 
     def input_limits(self) -> dict:
         n = self.params.max_model_len

@@ -22,11 +22,13 @@ from torch import nn
 from triton_omni.ar.bookkeeping_reference import FINISH_LENGTH, FINISH_STOP
 from triton_omni.ar.block_manager import BlockManager
 from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.forks import make_forks
 from triton_omni.ar.model_runner import ModelRunner, StepHandle
-from triton_omni.ar.prompt_embeds import PromptEmbeds
+from triton_omni.ar.prompt_embeds import PromptEmbeds, attach as attach_embeds
 from triton_omni.ar.sampling import SamplingParams
 from triton_omni.ar.scheduler import Scheduler
 from triton_omni.ar.sequence import Sequence, Status
+from triton_omni.models.context import RecurrentStateSpec
 from triton_omni.runtime.errors import InvalidInput
 
 
@@ -64,26 +66,40 @@ class StepTrace:
 @dataclass
 class EngineStats:
     prefill_steps: int = 0
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0         # prompt tokens prefilled (those found in the prefix cache are not)
     decode_steps: int = 0
     decode_tokens: int = 0          # sum of decode batch sizes
     max_decode_batch: int = 0
+    prompt_tokens: int = 0          # prompt tokens admitted
+    cached_tokens: int = 0          # ... of which the prefix cache held
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 class LLMEngine:
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device | str,
-                 dtype: torch.dtype, eos_token_ids: list[int], vocab_size: int, prompt_embeds: bool = False):
-        """`prompt_embeds`: requests may carry spliced embeddings and rotary positions (ar/prompt_embeds.py)."""
+                 dtype: torch.dtype, eos_token_ids: list[int], vocab_size: int,
+                 think_ids: tuple[int, int] | None = None, grammar=None, prompt_embeds: bool = False):
+        """`think_ids`: the tokens that open and close reasoning (a reasoning budget forces the second);
+        `grammar`: structured output's compiler (ar/grammar.py), None: refused; `prompt_embeds`: requests
+        may carry spliced embeddings and rotary positions (ar/prompt_embeds.py)."""
         self.config = config
         self.device = torch.device(device)
         self.eos_token_ids = set(eos_token_ids)
         if len(self.eos_token_ids) > 8:
             raise ValueError("at most 8 end-of-sequence token ids")
         self.vocab_size = vocab_size
-        self.runner = ModelRunner(model, config, self.device, dtype, prompt_embeds)
+        self.grammar = grammar
+        self.runner = ModelRunner(model, config, self.device, dtype, vocab_size, think_ids, prompt_embeds)
         if self.runner.num_blocks * config.block_size < config.max_model_len:
             raise ValueError("the KV cache cannot hold one sequence of max_model_len tokens")
-        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.max_num_seqs)
+        # Qwen3.5's recurrent layers would need their state at every cached block boundary (see
+        # ar/prefix_cache.py's caller notes in README): prefix caching covers attention-only models.
+        recurrent = any(isinstance(spec, RecurrentStateSpec) for _, spec in self.runner.layers)
+        self.prefix_caching = config.enable_prefix_caching and not recurrent and not self.runner.frame_model
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.max_num_seqs, self.prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.stats = EngineStats()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -94,9 +110,12 @@ class LLMEngine:
         self.trace = StepTrace(trace) if trace else None
 
     # -- called from any thread ---------------------------------------------------------------
-    def add(self, prompt_ids, params: SamplingParams, on_output=None, embeds: PromptEmbeds | None = None) -> Sequence:
+    def add(self, prompt_ids, params: SamplingParams, on_output=None, thinking: bool = False,
+            embeds: PromptEmbeds | None = None) -> Sequence:
         """Validate and queue a request; raises InvalidInput for a bad one. `prompt_ids`: token ids (a list
         or an array), or a frame model's prompt object (anything with a len(): its number of positions).
+        `thinking`: the prompt leaves the model inside its reasoning (for a reasoning budget). With n > 1
+        the returned sequence is the first sample; `seq.forks` are the others (each reported on its own).
         `embeds`: rows spliced over placeholder tokens and the prompt's rotary positions (an engine
         built with prompt_embeds=True)."""
         if self.runner.frame_model:
@@ -107,10 +126,7 @@ class LLMEngine:
                 raise InvalidInput("input_ids", f"token ids must be in [0, {self.vocab_size})")
             seq = Sequence(ids.tolist(), params, on_output)
         if embeds is not None:
-            if not self.runner.spliced:
-                raise InvalidInput("prompt_embeds", "this model takes no prompt embeddings")
-            embeds.check(seq.prompt_len, self.runner.hidden_size, self.runner.rope_axes)
-            seq.embeds = embeds
+            attach_embeds(seq, embeds, self.runner)
         seq.arrival = time.time()
         if params.resolved:
             # a pre step resolved it against its own max_model_len, which may be set above this engine's
@@ -118,12 +134,29 @@ class LLMEngine:
         else:                   # in-process callers (benchmarks, tests) and requests sent straight here
             params = params.resolve(seq.prompt_len, self.config.max_model_len, self.vocab_size)
         seq.params = params
+        if self.runner.logits is None:          # a frame model samples its own codes: none of these apply
+            for name, off in (("min_p", 0.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                              ("repetition_penalty", 1.0), ("logit_bias", None), ("n", 1), ("logprobs", None),
+                              ("guided_decoding", None), ("thinking_budget", None)):
+                if getattr(params, name) != off:
+                    raise InvalidInput(f"sampling_parameters.{name}", "not supported by this model")
+        if params.n > self.config.max_num_seqs:
+            raise InvalidInput("sampling_parameters.n", f"{params.n} samples cannot run together: this model "
+                               f"decodes at most {self.config.max_num_seqs} sequences at once")
+        if params.guided_decoding is not None:
+            if self.grammar is None:
+                raise InvalidInput("sampling_parameters.guided_decoding", "structured output is not available here")
+            seq.matcher = self.grammar.matcher(params.guided_decoding)
+        seq.thinking = thinking
+        seq.thinking_left = params.thinking_budget if params.thinking_budget is not None else -1
+        seq.forks = make_forks(seq)
         self._inbox.put(("add", seq))
         self._wake.set()
         return seq
 
-    def abort(self, seq: Sequence) -> None:
-        self._inbox.put(("abort", seq))
+    def abort(self, seq: Sequence, with_forks: bool = False) -> None:
+        """End `seq` (with_forks: and the other samples of its request)."""
+        self._inbox.put(("abort_all" if with_forks else "abort", seq))
         self._wake.set()
 
     # -- the loop thread ----------------------------------------------------------------------
@@ -142,13 +175,17 @@ class LLMEngine:
                 arrivals.append(seq.arrival)
                 self._by_id[seq.seq_id] = seq
                 self.scheduler.add(seq)
-            elif seq.seq_id in self._by_id:
-                self._finish(seq, "abort")
-                self._emit(seq, [], "abort")
+            else:
+                for s in (seq, *seq.forks) if op == "abort_all" else (seq,):
+                    if s.status is not Status.FINISHED and (s.seq_id in self._by_id or s.parent is not None):
+                        self._finish(s, "abort")
+                        self._emit(s, [], "abort")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)
         self._by_id.pop(seq.seq_id, None)
+        if seq.matcher is not None:
+            seq.matcher = None
 
     @staticmethod
     def _emit(seq: Sequence, new: list[int], reason: str | None) -> None:
@@ -160,18 +197,35 @@ class LLMEngine:
         A sequence that ends on a stop token is thus decoded once more; that token is dropped."""
         t = time.time()
         arrivals = self._drain_inbox()
+        early: list = []
+        if self.in_flight is not None and any(s.matcher is not None for s in self.scheduler.running):
+            # a grammar's next mask needs the token in flight: collect it first (this step waits for
+            # the device; rows without a grammar batch with these as usual)
+            early = self._collect(self.in_flight)
+            self.in_flight = None
         hold = self._prefill_hold(t)
         batch = self.scheduler.schedule(prefill=hold <= 0)
         launched = None
         if batch is not None:
+            constrained = [s for s in batch.seqs if s.matcher is not None]
             if batch.is_prefill:
                 self.runner.admit(batch.seqs, self.eos_token_ids)
-                launched = self.runner.prefill(batch.seqs)
+                if constrained:
+                    self.runner.load_masks(constrained)
+                launched = self.runner.prefill(batch.seqs, self.blocks.fork_copies)
                 for seq in batch.seqs:
                     seq.embeds = None           # copied to the device by now: free the rows
+                self.blocks.fork_copies = []
+                prompts = [s for s in batch.seqs if s.parent is None]
+                for s in prompts:
+                    self.blocks.register_prompt(s)
                 self.stats.prefill_steps += 1
-                self.stats.prefill_tokens += sum(s.prompt_len for s in batch.seqs)
+                self.stats.prefill_tokens += sum(s.prompt_len - s.num_cached for s in prompts)
+                self.stats.prompt_tokens += sum(s.prompt_len for s in prompts)
+                self.stats.cached_tokens += sum(s.num_cached for s in prompts)
             else:
+                if constrained:
+                    self.runner.load_masks(constrained)
                 launched = self.runner.decode(batch.seqs)
                 self.stats.decode_steps += 1
                 self.stats.decode_tokens += len(batch.seqs)
@@ -180,7 +234,7 @@ class LLMEngine:
                 seq.num_launched += 1
         previous, self.in_flight = self.in_flight, launched
         launched_at = time.time()
-        outputs = self._collect(previous) if previous is not None else []
+        outputs = early + (self._collect(previous) if previous is not None else [])
         if batch is None and previous is None and hold > 0:    # nothing to do but wait for prompts
             self._wake.wait(hold)
             self._wake.clear()
@@ -200,8 +254,9 @@ class LLMEngine:
 
     def _collect(self, handle: StepHandle) -> list[tuple[Sequence, list[int], str | None]]:
         tokens, codes = handle.result()
+        logprobs = handle.logprobs()
         outputs = []
-        for seq, tok, code in zip(handle.seqs, tokens, codes):
+        for i, (seq, tok, code) in enumerate(zip(handle.seqs, tokens, codes)):
             if seq.status is Status.FINISHED:        # aborted, or ended a step earlier
                 continue
             new, reason = [tok], None
@@ -211,6 +266,9 @@ class LLMEngine:
                 seq.output_ids.append(tok)
                 if code == FINISH_LENGTH:
                     reason = "length"
+                if seq.matcher is not None and not seq.matcher.accept(tok):
+                    reason = "stop"                  # the grammar is complete (or the token was its stop)
+            seq.new_logprobs = [logprobs(i, seq.params.logprobs)] if new and seq.params.logprobs is not None else None
             if reason is not None:
                 self._finish(seq, reason)
             outputs.append((seq, new, reason))
@@ -254,7 +312,8 @@ class EngineThread:
                 if self.on_error is not None:
                     self.on_error(exc)
                 eng.in_flight = None
-                for seq in list(eng.scheduler.running) + list(eng.scheduler.waiting):
+                waiting = [f for s in eng.scheduler.waiting for f in (s, *s.forks)]
+                for seq in list(eng.scheduler.running) + waiting:
                     eng._finish(seq, "error")
                     eng._emit(seq, [], "error")
         if eng.trace is not None:

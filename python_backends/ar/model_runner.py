@@ -32,6 +32,7 @@ from triton_omni.kernels import dispatch
 from triton_omni.ar import bookkeeping_dispatch
 from triton_omni.ar import prompt_embeds as spliced
 from triton_omni.ar.config import EngineConfig
+from triton_omni.ar.logits_processors import MAX_TOP, Features, RowLogits
 from triton_omni.ar.sampling import sample
 from triton_omni.ar.sequence import Sequence
 from triton_omni.models.context import AttentionCacheSpec, ForwardContext, RecurrentStateSpec
@@ -80,6 +81,7 @@ class StepHandle:
     seqs: list[Sequence]
     host: torch.Tensor                  # [N + 1, B] int64: token (N = 1) or frame codes, then finish code
     event: torch.cuda.Event | None
+    host_logprobs: tuple[torch.Tensor, torch.Tensor] | None = None   # [B, 1 + MAX_TOP] values, [B, MAX_TOP] ids
 
     def result(self) -> tuple[list, list[int]]:
         """Per row: its token (a text model) or its frame, a list of N codes (a frame model); its finish code."""
@@ -88,18 +90,24 @@ class StepHandle:
         *tokens, codes = self.host.tolist()
         return (tokens[0] if len(tokens) == 1 else [list(f) for f in zip(*tokens)]), codes
 
+    def logprobs(self):
+        """(row i, k) -> (the chosen token's logprob, [(id, logprob)] of the k most likely), after result()."""
+        if self.host_logprobs is None:
+            return lambda i, k: None
+        values, ids = (t.tolist() for t in self.host_logprobs)
+        return lambda i, k: (values[i][0], list(zip(ids[i][:k], values[i][1:1 + k])))
+
 
 class ModelRunner:
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, dtype: torch.dtype,
-                 prompt_embeds: bool = False):
+                 vocab_size: int | None = None, think_ids: tuple[int, int] | None = None, prompt_embeds: bool = False):
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
         self.cuda = device.type == "cuda"
         self.layers = cache_layers(model)
         self.frame_model = hasattr(model, "sample_frame")
         # spliced prompt embeddings: prefill from embeddings, rotary positions of `rope_axes` rows
         self.spliced = prompt_embeds and not self.frame_model
-        self.rope_axes = model.rope_axes if self.spliced else 0
-        self.hidden_size = model.config.hidden_size if self.spliced else 0
+        self.rope_axes, self.hidden_size = (model.rope_axes, model.config.hidden_size) if self.spliced else (0, 0)
         self.num_codes = model.num_codes if self.frame_model else 1
         self.num_blocks = config.num_kv_blocks or self._default_num_blocks()
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
@@ -132,8 +140,18 @@ class ModelRunner:
             with torch.no_grad():               # a decoder's hidden states are as wide as its input embeddings
                 embeds = model.decode_embeds(self.rows[:1], self.out_count[:1])
             self.first_hidden = embeds.new_zeros((self.max_batch, embeds.shape[-1]))
+        # a text model's logits processors (penalties, bias, grammar masks, reasoning budget, logprobs)
+        self.logits = None if self.frame_model or vocab_size is None else \
+            RowLogits(rows, vocab_size, self.max_batch, device, think_ids)
+        if self.logits is not None:     # where the host writes grammar masks before they go to the device
+            self.mask_staging = torch.zeros((rows, self.logits.words), dtype=torch.int32, pin_memory=self.cuda)
+            self.mask_uploaded: torch.cuda.Event | None = None
+            self.host_logprobs = [(torch.empty((self.max_batch, 1 + MAX_TOP), pin_memory=self.cuda),
+                                   torch.empty((self.max_batch, MAX_TOP), dtype=torch.int64, pin_memory=self.cuda))
+                                  for _ in range(2)]
         self._rows_key: tuple[int, ...] = ()
-        self.graphs: dict[tuple[int, str, bool], torch.cuda.CUDAGraph] = {}   # (bucket, variant, first frame)
+        # (bucket, variant, first frame, logits features)
+        self.graphs: dict[tuple[int, str, bool, Features], torch.cuda.CUDAGraph] = {}
         self.graph_pool = None
         # prefill as CUDA graphs, one per token-count bucket (_prefill_graph); their static inputs, laid
         # out in `_prefill_layout`, are allocated when first loaded
@@ -205,47 +223,71 @@ class ModelRunner:
         self.block_tables[rows] = ints[:, stop_start + MAX_STOP_IDS:].int()
         self.temperature[rows] = floats[:, 0]
         self.top_p[rows] = floats[:, 1]
-        if self.spliced:
-            self.rope_delta[rows] = self.upload([s.embeds.rope_delta if s.embeds is not None else 0 for s in seqs])
         if self.frame_model:
             for seq in seqs:
                 self.model.admit_row(seq.row, seq.prompt)
+        if self.logits is not None:
+            self.logits.admit(seqs, rows, self.upload)
+        if self.spliced:                    # a fork decodes at its parent's rotary positions
+            self.rope_delta[rows] = self.upload([spliced.rope_delta_of(s) for s in seqs])
+
+    def load_masks(self, seqs: list[Sequence]) -> None:
+        """The grammar masks of these rows' next tokens, computed on the host, into the device's buffer
+        (before the step that reads them is launched)."""
+        if self.mask_uploaded is not None:
+            self.mask_uploaded.synchronize()             # the staging rows' last upload is done
+        for i, seq in enumerate(seqs):
+            seq.matcher.fill(self.mask_staging, i)
+        rows = self.upload([s.row for s in seqs])
+        self.logits.bitmask.index_copy_(0, rows, self.mask_staging[:len(seqs)].to(self.device, non_blocking=True))
+        if self.cuda:
+            self.mask_uploaded = torch.cuda.Event()
+            self.mask_uploaded.record()
+
+    def features(self, seqs: list[Sequence]) -> Features:
+        return Features() if self.logits is None else Features.of(seqs)
 
     @staticmethod
     def variant(seqs: list[Sequence]) -> str:
         if all(s.params.temperature == 0 for s in seqs):
             return GREEDY
-        if any(s.params.temperature > 0 and (s.params.top_k > 0 or s.params.top_p < 1.0) for s in seqs):
+        if any(s.params.temperature > 0 and (s.params.top_k > 0 or s.params.top_p < 1.0 or s.params.min_p > 0)
+               for s in seqs):
             return FILTERED
         return SAMPLE
 
     # -- device work ----------------------------------------------------------------------------
-    def _picker(self, rows: torch.Tensor, variant: str) -> Pick:
+    def _picker(self, rows: torch.Tensor, variant: str, features: Features = Features()) -> Pick:
         """The rows' sampler: argmax, or the seeded sampler with each row's parameters."""
         if variant == GREEDY:
             return lambda logits, steps: bookkeeping_dispatch.argmax(logits)
         t, k, p, seeds = self.temperature[rows], self.top_k[rows], self.top_p[rows], self.seeds[rows]
         f = variant == FILTERED
-        return lambda logits, steps: sample(logits, t, k, p, seeds, steps, f, f)
+        min_p = self.logits.min_p[rows] if features.min_p else None
+        return lambda logits, steps: sample(logits, t, k, p, seeds, steps, f, f, min_p)
 
     def _sample_and_check(self, hidden: torch.Tensor, rows: torch.Tensor, variant: str, out: torch.Tensor,
-                          advance: bool = False) -> torch.Tensor:
+                          advance: bool = False, features: Features = Features()) -> torch.Tensor:
         """Next tokens (frames) into out [N + 1, B], then each row's finish code; the rows' device
         state advanced (`advance`: a decode step's, which moves the positions too). Returns out."""
-        pick = self._picker(rows, variant)
+        pick = self._picker(rows, variant, features)
         if self.frame_model:
             frame = self.model.sample_frame(hidden, rows, self.out_count[rows], pick)
             out[:-1] = frame.T
             tokens = frame[:, 0]                # code 0 decides stops, as a text model's token does
         else:
             steps = None if variant == GREEDY else self.out_count[rows]
-            tokens = pick(self.model.compute_logits(hidden), steps)
+            logits = self.model.compute_logits(hidden)
+            if features == Features():
+                tokens = pick(logits, steps)
+            else:
+                tokens = self.logits.sample(logits, rows, features, lambda x: pick(x, steps))
         bookkeeping_dispatch.decode_finish(tokens, rows, self.out_count, self.min_tokens, self.max_tokens,
                                            self.stop_ids, self.last_token, self.position, self.scratch, out,
                                            advance, write_token=not self.frame_model)
         return out
 
-    def _decode_body(self, bs: int, variant: str, max_context_len: int) -> torch.Tensor:
+    def _decode_body(self, bs: int, variant: str, max_context_len: int, features: Features = Features()) -> torch.Tensor:
         rows = self.rows[:bs]
         pos, slots, context_lens, tables, tokens = bookkeeping_dispatch.decode_inputs(
             rows, self.position, self.last_token, self.block_tables, self.scratch, self.config.block_size)
@@ -254,31 +296,39 @@ class ModelRunner:
                              rope_positions=pos + self.rope_delta[rows] if self.spliced else None)
         x = self.model.decode_embeds(rows, self.out_count[rows]) if self.frame_model else tokens
         # padding (scratch) rows stay at position 0: advanced, their block index would run off the table
-        return self._sample_and_check(self.model(x, pos, ctx), rows, variant, self.out[:, :bs], advance=True)
+        return self._sample_and_check(self.model(x, pos, ctx), rows, variant, self.out[:, :bs], advance=True,
+                                      features=features)
 
-    def _graph(self, bs: int, variant: str, first: bool = False) -> torch.cuda.CUDAGraph:
-        """The decode step of `bs` rows as a CUDA graph; `first`: only a frame model's first frame
-        from the prompts' hidden states (its sampler, e.g. a code predictor's sub-steps)."""
-        key = (bs, variant, first)
+    def _graph(self, bs: int, variant: str, first: bool = False, features: Features = Features()) -> torch.cuda.CUDAGraph:
+        """The decode step of `bs` rows as a CUDA graph; `first`: only the first token (a frame model's
+        first frame) from the prompts' hidden states. Graphs of logits features beyond the plain
+        sampler are captured when a step first needs them."""
+        key = (bs, variant, first, features)
         if key not in self.graphs:
             saved = self.rows.clone()
             self.rows.fill_(self.scratch)                       # capture on padding rows only
             self.first_rows.fill_(self.scratch)
             torch.cuda.synchronize(self.device)
-            self._graph_body(bs, variant, first)                # warm-up (kernels compiled, allocations made)
+            self._graph_body(bs, variant, first, features=features)   # warm-up (kernels compiled, allocations made)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.graph_pool):
-                self._graph_body(bs, variant, first)            # writes self.out
+                self._graph_body(bs, variant, first, features=features)   # writes self.out
             self.graph_pool = graph.pool()
             self.graphs[key] = graph
             self.rows.copy_(saved)
             self._rows_key = ()
         return self.graphs[key]
 
-    def _graph_body(self, bs: int, variant: str, first: bool, max_context_len: int = 0) -> torch.Tensor:
+    def _graph_of(self, bs: int, variant: str, first: bool, features: Features) -> torch.cuda.CUDAGraph:
+        """`_graph`, naming the features only when there are any (the plain graphs' call as before)."""
+        return self._graph(bs, variant, first) if features == Features() else self._graph(bs, variant, first, features)
+
+    def _graph_body(self, bs: int, variant: str, first: bool, max_context_len: int = 0,
+                    features: Features = Features()) -> torch.Tensor:
         if first:
-            return self._sample_and_check(self.first_hidden[:bs], self.first_rows[:bs], variant, self.out[:, :bs])
-        return self._decode_body(bs, variant, max_context_len)
+            return self._sample_and_check(self.first_hidden[:bs], self.first_rows[:bs], variant, self.out[:, :bs],
+                                          features=features)
+        return self._decode_body(bs, variant, max_context_len, features)
 
     def capture_graphs(self, variants=(GREEDY, SAMPLE, FILTERED)) -> None:
         """Capture the decode step for every batch-size bucket (GPU, Triton kernels on), the sampler of
@@ -327,8 +377,7 @@ class ModelRunner:
             m[3 * t + 2 * S + 2:3 * t + 3 * S + 2]
 
     def _prefill_rope(self, m: torch.Tensor, t: int) -> torch.Tensor:
-        start = 3 * t + 3 * self.config.max_num_seqs + 2
-        return m[start:start + self.rope_axes * t].view(self.rope_axes, t)
+        return m[self._prefill_meta_size(t) - self.rope_axes * t:self._prefill_meta_size(t)].view(self.rope_axes, t)
 
     def _prefill_meta_size(self, t: int) -> int:
         return (3 + self.rope_axes) * t + 3 * self.config.max_num_seqs + 2
@@ -371,12 +420,8 @@ class ModelRunner:
         meta = self._prefill_inputs(seqs, t)
         self.prefill_meta[:len(meta)].copy_(self.upload(meta))
         if self.spliced and seqs:          # the prompts' embeddings, outside the graph: ids from the device copy
-            total = sum(s.prompt_len for s in seqs)
-            lens = torch.tensor([0] + [s.prompt_len for s in seqs])
-            index, rows = spliced.packed_splice(seqs, lens.cumsum(0))
-            x = self.prefill_embeds[:total]
-            x.copy_(self.model.embed(self.prefill_meta[:total]))
-            spliced.splice(x, index, rows, self.upload)
+            cu = torch.tensor([0] + [s.prompt_len for s in seqs]).cumsum(0)
+            spliced.embed_prompts(self.model, self.prefill_meta[:int(cu[-1])], seqs, cu, self.upload, self.prefill_embeds)
 
     def _prefill_body(self, t: int) -> torch.Tensor:
         """Forward of bucket `t` from the static inputs; the hidden states at each prompt's last token [S, H]."""
@@ -422,40 +467,68 @@ class ModelRunner:
             rows[:n] = torch.tensor(key, dtype=torch.int64)
             self.rows[:bs].copy_(self.upload(rows))
             self._rows_key = key
-        variant = self.variant(seqs)
+        variant, features = self.variant(seqs), self.features(seqs)
         if bucket is not None:
-            self._graph(bs, variant).replay()
+            self._graph_of(bs, variant, False, features).replay()
             result = self.out[:, :n]
         else:
-            result = self._decode_body(bs, variant, max(s.prompt_len + s.num_launched for s in seqs))[:, :n]
-        return self._copy_out(seqs, result)
+            result = self._decode_body(bs, variant, max(s.prompt_len + s.num_launched for s in seqs), features)[:, :n]
+        return self._copy_out(seqs, result, features)
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> StepHandle:
-        n, variant = len(seqs), self.variant(seqs)
-        total = sum(s.prompt_len for s in seqs)
+    def prefill(self, seqs: list[Sequence], copies: list[tuple[int, int]] = ()) -> StepHandle:
+        """Prefill the prompts of `seqs` (forks of n > 1 requests are not prefilled: each follows its
+        parent, takes its hidden state, a copy of its partial last block (`copies`) and its recurrent
+        state), then sample every sequence's first token."""
+        n, variant, features = len(seqs), self.variant(seqs), self.features(seqs)
+        prompts = [s for s in seqs if s.parent is None]
+        total = sum(s.prompt_len - s.num_cached for s in prompts)
         t = next((t for t in self.prefill_sizes if t >= total), None)
-        if t in self.prefill_graphs:
-            self._load_prefill_inputs(seqs, t)
+        if t in self.prefill_graphs and not any(s.num_cached for s in prompts):
+            self._load_prefill_inputs(prompts, t)
             self.prefill_graphs[t].replay()
-            hidden = self.first_hidden[:n]                       # written by the graph
+            hidden = self.first_hidden[:len(prompts)]            # written by the graph
         else:
-            hidden = self.prefill_hidden(seqs)
+            hidden = self.prefill_hidden(prompts)
+        if len(prompts) < n:
+            hidden = self._fork(seqs, prompts, hidden, copies)
         # the first token (frame) from the prompts' last hidden states: for a frame model ~1,700 small
         # kernels (a code predictor's sub-steps), replayed as a graph of the decode buckets' sizes
         bucket = next((b for b in self.graph_sizes if b >= n), None) \
             if self.use_graphs and self.first_hidden is not None else None
         if bucket is None:
-            result = self._sample_and_check(hidden, self.upload([s.row for s in seqs]), variant, self.out[:, :n])
+            result = self._sample_and_check(hidden, self.upload([s.row for s in seqs]), variant, self.out[:, :n],
+                                            features=features)
         else:
-            graph = self._graph(bucket, variant, first=True)     # a capture overwrites rows, not first_hidden
-            if t not in self.prefill_graphs:
+            graph = self._graph_of(bucket, variant, True, features)  # a capture overwrites rows, not first_hidden
+            if hidden.data_ptr() != self.first_hidden.data_ptr():
                 self.first_hidden[:n].copy_(hidden)
             self.first_rows[:bucket].copy_(self.upload([s.row for s in seqs] + [self.scratch] * (bucket - n)))
             graph.replay()
             result = self.out[:, :n]
         self._rows_key = ()
-        return self._copy_out(seqs, result)
+        return self._copy_out(seqs, result, features)
+
+    def _fork(self, seqs: list[Sequence], prompts: list[Sequence], hidden: torch.Tensor,
+              copies: list[tuple[int, int]]) -> torch.Tensor:
+        """The forks' share of a prefill: their parents' last hidden states (every sequence's, in `seqs`
+        order), the partial last blocks copied, the recurrent state copied (ar/forks.py)."""
+        if copies:
+            src, dst = (self.upload(list(c)) for c in zip(*copies))
+            for module, spec in self.layers:
+                if isinstance(spec, AttentionCacheSpec):
+                    module.k_cache[dst] = module.k_cache[src]
+                    module.v_cache[dst] = module.v_cache[src]
+        place = {id(p): i for i, p in enumerate(prompts)}
+        forks = [s for s in seqs if s.parent is not None]
+        src_rows = self.upload([s.parent.row for s in forks])
+        dst_rows = self.upload([s.row for s in forks])
+        for module, spec in self.layers:
+            if isinstance(spec, RecurrentStateSpec):
+                module.conv_state[dst_rows] = module.conv_state[src_rows]
+                module.ssm_state[dst_rows] = module.ssm_state[src_rows]
+        order = self.upload([place[id(s if s.parent is None else s.parent)] for s in seqs])
+        return hidden[order]
 
     def _pack(self, seqs: list[Sequence]) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The prompts packed end to end, as host tensors: token ids (None for a frame model), each
@@ -463,17 +536,18 @@ class ModelRunner:
         Whole-batch tensor ops: built a prompt at a time it took ~5 ms of the engine thread for 32
         prompts of 512 tokens (on a 2-core machine), time in which no step was launched."""
         n, bs = len(seqs), self.config.block_size
-        lens = torch.tensor([s.prompt_len for s in seqs])
+        # a prompt's first `num_cached` tokens are in the prefix cache: only the rest is packed
+        lens = torch.tensor([s.prompt_len - s.num_cached for s in seqs])
         cu = torch.zeros(n + 1, dtype=torch.int64)
         torch.cumsum(lens, 0, out=cu[1:])
         seq_of = torch.repeat_interleave(torch.arange(n), lens)
-        pos = torch.arange(int(cu[-1])) - cu[:-1][seq_of]
+        pos = torch.arange(int(cu[-1])) - cu[:-1][seq_of] + torch.tensor([s.num_cached for s in seqs])[seq_of]
         width = max(len(s.block_table) for s in seqs)
         tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], dtype=torch.int64)
         slots = tables[seq_of, pos // bs] * bs + pos % bs
         ids = None   # numpy reads the lists ~5x faster than torch.tensor(list) (~1 ms for 32K tokens here)
         if not self.frame_model:
-            ids = torch.from_numpy(np.fromiter(itertools.chain.from_iterable(s.prompt_ids for s in seqs),
+            ids = torch.from_numpy(np.fromiter(itertools.chain.from_iterable(s.prompt_ids[s.num_cached:] for s in seqs),
                                                dtype=np.int64, count=int(cu[-1])))
         return ids, pos, slots, cu
 
@@ -481,25 +555,40 @@ class ModelRunner:
         """Forward over the packed prompts; hidden states at each prompt's last token (or at every token)."""
         ids, pos, slots, cu = self._pack(seqs)
         up = self.upload
+        new = [s.prompt_len - s.num_cached for s in seqs]
         ctx = ForwardContext(is_prefill=True, slot_mapping=up(slots), state_slots=up([s.row for s in seqs]),
-                             seq_lens=[s.prompt_len for s in seqs], cu_seqlens=up(cu, torch.int32),
-                             max_seqlen=max(s.prompt_len for s in seqs))
+                             seq_lens=new, cu_seqlens=up(cu, torch.int32), max_seqlen=max(new))
+        if any(s.num_cached for s in seqs):
+            # attention reads the cached prefix from the paged cache (models/attention.py)
+            width = max(len(s.block_table) for s in seqs)
+            ctx.prefix_lens = [s.num_cached for s in seqs]
+            ctx.block_tables = up([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], torch.int32)
+            ctx.context_lens = up([s.prompt_len for s in seqs], torch.int32)
+            ctx.max_context_len = max(s.prompt_len for s in seqs)
         x = self.model.prefill_embeds([s.prompt for s in seqs]) if self.frame_model else up(ids)
         if self.spliced:
             ctx.rope_positions = up(spliced.packed_rope_positions(seqs, pos, cu, self.rope_axes))
-            x = spliced.splice(self.model.embed(x), *spliced.packed_splice(seqs, cu), up)
+            x = spliced.embed_prompts(self.model, x, seqs, cu, up)
         hidden = self.model(x, up(pos), ctx)
         return hidden if all_tokens else hidden[up(cu[1:] - 1)]
 
     def prefill_logits(self, seqs: list[Sequence], all_tokens: bool = False) -> torch.Tensor:
         return self.model.compute_logits(self.prefill_hidden(seqs, all_tokens))
 
-    def _copy_out(self, seqs: list[Sequence], result: torch.Tensor) -> StepHandle:
+    def _copy_out(self, seqs: list[Sequence], result: torch.Tensor, features: Features = Features()) -> StepHandle:
+        n = len(seqs)
         if not self.cuda:
-            return StepHandle(seqs, result.clone(), None)
+            lp = (self.logits.logprob_values[:n].clone(), self.logits.logprob_ids[:n].clone()) if features.logprobs else None
+            return StepHandle(seqs, result.clone(), None, lp)
         host = self.host_out[self._next_host][:result.numel()].view(result.shape)
+        lp = None
+        if features.logprobs:
+            values, ids = self.host_logprobs[self._next_host]
+            values[:n].copy_(self.logits.logprob_values[:n], non_blocking=True)
+            ids[:n].copy_(self.logits.logprob_ids[:n], non_blocking=True)
+            lp = (values[:n], ids[:n])
         self._next_host ^= 1
         host.copy_(result.contiguous(), non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return StepHandle(seqs, host, event)
+        return StepHandle(seqs, host, event, lp)

@@ -19,8 +19,12 @@ How they run (model_runner.py):
   MRotaryEmbedding) gathers each token's cos/sin from them. In a graph they sit in the static
   prefill inputs beside the ids and positions.
 - Decode: text after the prompt has one position on every axis: cache position + rope_delta
-  (`PromptEmbeds.rope_delta`, kept per row on the device at admission), added on the device inside
-  the decode step (graph-captured; no host sync).
+  (`PromptEmbeds.rope_delta`, kept per row on the device at admission; n > 1 forks take their
+  parent's), added on the device inside the decode step (graph-captured; no host sync).
+- Prefix caching: a prompt with spliced rows gets a cache salt of its own (`cache_salt`), so its
+  blocks are never matched by another prompt whose placeholders hold other rows. (A digest of the
+  media, made where the pixels are, would let identical images share; not done.) Qwen3.5's recurrent
+  layers turn prefix caching off anyway.
 
 Rules checked at `engine.add` (InvalidInput naming the field): one row per placeholder, rows as wide
 as the model's hidden size, rotary positions [A, L] with A the model's axes, and 0 <= position < L:
@@ -29,6 +33,7 @@ table and rope_delta <= 0.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -71,6 +76,17 @@ class PromptEmbeds:
                 raise InvalidInput("rope_positions", f"positions must be in [0, {prompt_len}) (the prompt's length)")
 
 
+def rope_delta_of(seq) -> int:
+    """A sequence's decode rope delta (a fork's is its parent's: it shares the parent's prompt)."""
+    embeds = (seq.parent if seq.parent is not None else seq).embeds
+    return embeds.rope_delta if embeds is not None else 0
+
+
+def cache_salt(embeds: PromptEmbeds) -> bytes:
+    """The prefix-cache salt of a prompt with these rows: unique when it has any (rows are not hashed)."""
+    return os.urandom(16) if embeds.index.size else b""
+
+
 def placeholder_index(ids: np.ndarray, placeholder_ids: Iterable[int]) -> np.ndarray:
     """Where a prompt's placeholder tokens are (the positions its spliced rows take)."""
     return np.flatnonzero(np.isin(ids, np.asarray(list(placeholder_ids), dtype=np.int64))).astype(np.int64)
@@ -78,12 +94,13 @@ def placeholder_index(ids: np.ndarray, placeholder_ids: Iterable[int]) -> np.nda
 
 def packed_rope_positions(seqs, positions: torch.Tensor, cu: torch.Tensor, axes: int) -> torch.Tensor:
     """[axes, T] host int64: the packed prompts' rotary positions, each prompt's own where it has them,
-    else its tokens' positions (`positions` [T]: each token's place in its prompt) on every axis."""
+    else its tokens' positions (`positions` [T]: each token's place in its prompt) on every axis. A
+    prompt's first `num_cached` tokens (in the prefix cache) are not packed."""
     rope = positions.expand(axes, -1).clone()
     for i, seq in enumerate(seqs):
         own = seq.embeds.rope_positions if seq.embeds is not None else None
         if own is not None:
-            rope[:, int(cu[i]):int(cu[i + 1])] = torch.from_numpy(np.asarray(own, dtype=np.int64))
+            rope[:, int(cu[i]):int(cu[i + 1])] = torch.from_numpy(np.asarray(own[:, seq.num_cached:], dtype=np.int64))
     return rope
 
 
@@ -93,9 +110,27 @@ def packed_splice(seqs, cu: torch.Tensor) -> tuple[np.ndarray, list[torch.Tensor
     for i, seq in enumerate(seqs):
         e = seq.embeds
         if e is not None and e.index.size:
-            index.append(e.index + int(cu[i]))
-            rows.append(e.embeds)
+            keep = e.index >= seq.num_cached              # (never false: such prompts are salted)
+            index.append(e.index[keep] - seq.num_cached + int(cu[i]))
+            rows.append(e.embeds[torch.from_numpy(keep)] if not keep.all() else e.embeds)
     return (np.concatenate(index) if index else np.zeros(0, np.int64)), rows
+
+
+def attach(seq, embeds: PromptEmbeds, runner) -> None:
+    """A request's embeddings checked against its prompt and the engine's model, then kept on its sequence."""
+    if not runner.spliced:
+        raise InvalidInput("prompt_embeds", "this model takes no prompt embeddings")
+    embeds.check(seq.prompt_len, runner.hidden_size, runner.rope_axes)
+    seq.embeds, seq.cache_salt = embeds, cache_salt(embeds)
+
+
+def embed_prompts(model, ids: torch.Tensor, seqs, cu: torch.Tensor, upload, out: torch.Tensor | None = None):
+    """The packed prompts' input embeddings [T, H] (into `out[:T]`, a prefill graph's static buffer, if
+    given): their tokens embedded, then each prompt's rows copied over its placeholders."""
+    x = model.embed(ids)
+    if out is not None:
+        x = out[:x.shape[0]].copy_(x)
+    return splice(x, *packed_splice(seqs, cu), upload)
 
 
 def splice(x: torch.Tensor, index: np.ndarray, rows: list[torch.Tensor], upload) -> torch.Tensor:

@@ -3,10 +3,14 @@
 Randomness comes from a counter-based hash of (seed, output position, vocab index) turned into
 Gumbel noise, so a seeded request draws the same tokens whatever else shares its batch, and the
 whole batch samples in a few tensor ops on the device (no per-request generators, no host sync).
+The names follow vLLM's SamplingParams (what Triton's vLLM backend takes in `sampling_parameters`):
+penalties, `min_p`, `logit_bias`, `n`, `logprobs` (the number of top alternatives per token) and
+`guided_decoding` (structured output: see ar/grammar.py). ar/logits_processors.py applies them.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +24,7 @@ FIELD = "sampling_parameters"
 
 @dataclass
 class SamplingParams:
-    max_tokens: int | None = None      # None: up to DEFAULT_MAX_TOKENS, within the context
+    max_tokens: int | None = None      # None: the rest of the context
     min_tokens: int = 0                # stop tokens (and EOS) are ignored before this many
     temperature: float = 1.0           # 0 = greedy
     top_p: float = 1.0
@@ -29,20 +33,35 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    min_p: float = 0.0                 # drop tokens below min_p x the top token's probability
+    presence_penalty: float = 0.0      # OpenAI's: minus this for every token already generated
+    frequency_penalty: float = 0.0     # ... minus this times its count
+    repetition_penalty: float = 1.0    # transformers' / vLLM's: prompt and generated tokens' logits / p (x p if < 0)
+    logit_bias: dict[str, float] | None = None     # token id (as a string, JSON's keys) -> added to its logit
+    n: int = 1                         # samples of the prompt (prefilled once, its blocks shared)
+    logprobs: int | None = None        # None: none; k: the chosen token's logprob and the k most likely
+    guided_decoding: dict | None = None             # {json | regex | choice | json_object | grammar}: ar/grammar.py
+    thinking_budget: int | None = None  # reasoning tokens at most, then the end of reasoning is forced
 
-    DEFAULT_MAX_TOKENS = 256
+    MAX_LOGIT_BIAS = 300               # entries (OpenAI's limit)
+    MAX_TOP_LOGPROBS = 20              # OpenAI's limit
+    MAX_N = 16
 
     @classmethod
-    def from_dict(cls, raw: Any) -> "SamplingParams":
+    def from_dict(cls, raw: Any, defaults: "SamplingParams | None" = None) -> "SamplingParams":
+        """A request's parameters over `defaults` (a checkpoint's generation_config: ar/defaults.py)."""
         if raw is None:
-            return cls()
+            return dataclasses.replace(defaults) if defaults is not None else cls()
         if not isinstance(raw, dict):
             raise InvalidInput(FIELD, f"expected a JSON object, got {type(raw).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} | {"structured_outputs"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise InvalidInput(FIELD, f"unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
-        p = cls()
+        p = defaults if defaults is not None else cls()
+        p = dataclasses.replace(p, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids))
+        if "structured_outputs" in raw:        # vLLM's newer name of guided_decoding
+            raw = {**{k: v for k, v in raw.items() if k != "structured_outputs"}, "guided_decoding": raw["structured_outputs"]}
         for key, value in raw.items():
             setattr(p, key, _check_type(key, value))
         if isinstance(p.stop, str):
@@ -69,14 +88,51 @@ class SamplingParams:
             raise InvalidInput(f"{FIELD}.stop_token_ids", "at most 8 stop token ids")
         if any(t < 0 for t in self.stop_token_ids):
             raise InvalidInput(f"{FIELD}.stop_token_ids", "token ids must be >= 0")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidInput(f"{FIELD}.min_p", f"must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidInput(f"{FIELD}.{name}", f"must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise InvalidInput(f"{FIELD}.repetition_penalty", f"must be in (0, 2], got {self.repetition_penalty}")
+        if not 1 <= self.n <= self.MAX_N:
+            raise InvalidInput(f"{FIELD}.n", f"must be in [1, {self.MAX_N}], got {self.n}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= self.MAX_TOP_LOGPROBS:
+            raise InvalidInput(f"{FIELD}.logprobs", f"must be in [0, {self.MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        if self.thinking_budget is not None and self.thinking_budget < 0:
+            raise InvalidInput(f"{FIELD}.thinking_budget", f"must be >= 0, got {self.thinking_budget}")
+        self._check_logit_bias()
+        if self.guided_decoding is not None and not isinstance(self.guided_decoding, dict):
+            raise InvalidInput(f"{FIELD}.guided_decoding", "expected an object (json, regex, choice, json_object or grammar)")
+
+    def _check_logit_bias(self) -> None:
+        name = f"{FIELD}.logit_bias"
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > self.MAX_LOGIT_BIAS:
+            raise InvalidInput(name, f"expected an object of at most {self.MAX_LOGIT_BIAS} token id -> bias entries")
+        clean = {}
+        for key, value in self.logit_bias.items():
+            if not str(key).isdigit() or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not -100 <= value <= 100:
+                raise InvalidInput(name, f"entry {str(key)[:20]!r}: expected a token id and a bias in [-100, 100]")
+            clean[str(int(key))] = float(value)
+        self.logit_bias = clean
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     def resolve(self, prompt_len: int, max_model_len: int, vocab_size: int) -> "SamplingParams":
         """Check against the prompt and context; fill max_tokens and seed. Returns a new object."""
         room = self.check_fits(prompt_len, max_model_len)
         if any(t >= vocab_size for t in self.stop_token_ids):
             raise InvalidInput(f"{FIELD}.stop_token_ids", f"token ids must be < {vocab_size}")
+        if self.logit_bias and max(int(k) for k in self.logit_bias) >= vocab_size:
+            raise InvalidInput(f"{FIELD}.logit_bias", f"token ids must be < {vocab_size}")
         seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
-        max_tokens = self.max_tokens if self.max_tokens is not None else min(self.DEFAULT_MAX_TOKENS, room)
+        # no max_tokens: the rest of the context (as vLLM); the engine reserves those blocks up front
+        max_tokens = self.max_tokens if self.max_tokens is not None else room
         return dataclasses.replace(self, max_tokens=max_tokens, seed=seed)
 
     def check_fits(self, prompt_len: int, max_model_len: int) -> int:
@@ -110,13 +166,24 @@ class SamplingParams:
 
 
 _TYPES = {"max_tokens": int, "min_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int,
-          "ignore_eos": bool}
+          "ignore_eos": bool, "min_p": float, "presence_penalty": float, "frequency_penalty": float,
+          "repetition_penalty": float, "n": int, "logprobs": int, "thinking_budget": int}
+_NULLABLE = ("max_tokens", "seed", "logprobs", "thinking_budget", "logit_bias", "guided_decoding")
 
 
 def _check_type(key: str, value: Any) -> Any:
     name = f"{FIELD}.{key}"
-    if key in ("max_tokens", "seed") and value is None:
+    if key in _NULLABLE and value is None:
         return None
+    if key in ("logit_bias", "guided_decoding"):
+        if isinstance(value, str):              # the vLLM backend's clients send nested objects as JSON text
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise InvalidInput(name, "expected an object") from None
+        if isinstance(value, dict):
+            return value
+        raise InvalidInput(name, "expected an object")
     if key == "stop":
         if isinstance(value, str) or (isinstance(value, list) and all(isinstance(s, str) for s in value)):
             return value
@@ -135,6 +202,8 @@ def _check_type(key: str, value: Any) -> Any:
     if want is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):      # "true" from string-valued clients
+            return value.lower() == "true"
     elif want is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -165,12 +234,18 @@ def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> t
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           seeds: torch.Tensor, steps: torch.Tensor, use_top_k: bool, use_top_p: bool) -> torch.Tensor:
+           seeds: torch.Tensor, steps: torch.Tensor, use_top_k: bool, use_top_p: bool,
+           min_p: torch.Tensor | None = None) -> torch.Tensor:
     """Next token per row. logits [B, V] (fp32); per-row parameters [B]. Greedy where temperature == 0.
-    `use_top_k` / `use_top_p` say whether any row needs them (known on the host at scheduling time)."""
+    `use_top_k` / `use_top_p` say whether any row needs them (known on the host at scheduling time);
+    `min_p` [B] (None: off): drop tokens whose probability is below min_p x the top one's, i.e. whose
+    tempered logit is below the top's + log(min_p) (the same set whatever top-k / top-p keep)."""
     logits = logits.float()
     greedy = logits.argmax(-1)
     x = logits / temperature.clamp(min=1e-5)[:, None]
+    if min_p is not None:
+        floor = x.max(-1, keepdim=True).values + torch.log(min_p.clamp(min=1e-30))[:, None]
+        x = torch.where((x < floor) & (min_p > 0)[:, None], float("-inf"), x)
     if use_top_k or use_top_p:
         sorted_x, order = x.sort(-1, descending=True)
         drop = torch.zeros_like(sorted_x, dtype=torch.bool)

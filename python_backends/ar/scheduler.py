@@ -1,6 +1,7 @@
 """Decides each step: prefill newly admitted prompts (packed together), else decode every running
 sequence that still has tokens to sample. Sequences join at prefill and leave when finished:
-continuous batching."""
+continuous batching. A request of n > 1 samples is admitted whole: its forks run beside it from
+the first token on, sampled from the one prefill of its prompt."""
 from __future__ import annotations
 
 from collections import deque
@@ -32,23 +33,26 @@ class Scheduler:
 
     def prefill_is_full(self) -> bool:
         """Whether the waiting prompts already fill a prefill step (sequences or tokens)."""
-        return (len(self.running) + len(self.waiting) >= self.max_num_seqs
+        return (len(self.running) + sum(1 + len(s.forks) for s in self.waiting) >= self.max_num_seqs
                 or sum(s.prompt_len for s in self.waiting) >= self.max_num_batched_tokens)
 
     def schedule(self, prefill: bool = True) -> Batch | None:
         """The next step; `prefill=False`: leave the waiting prompts waiting (decode, if any runs)."""
         admitted, tokens = [], 0
-        while prefill and self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
+        while prefill and self.waiting:
             seq = self.waiting[0]
             n = seq.prompt_len
+            if len(self.running) + len(admitted) + 1 + len(seq.forks) > self.max_num_seqs:
+                break
             if admitted and tokens + n > self.max_num_batched_tokens:
                 break
             if not self.blocks.can_admit(seq):
                 break
             self.waiting.popleft()
             self.blocks.admit(seq)
-            seq.status = Status.RUNNING
-            admitted.append(seq)
+            for s in (seq, *seq.forks):
+                s.status = Status.RUNNING
+                admitted.append(s)
             tokens += n
         if admitted:
             self.running.extend(admitted)
@@ -63,7 +67,7 @@ class Scheduler:
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             self.blocks.release(seq)
-        else:
+        elif seq.parent is None:            # a waiting fork leaves with its parent (never alone)
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = reason

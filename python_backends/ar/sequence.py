@@ -37,6 +37,17 @@ class Sequence:
     # (ar/prompt_embeds.PromptEmbeds); dropped once the prefill is launched
     embeds: Any = None
     arrival: float = 0.0                     # wall-clock time of engine.add (for the engine's trace)
+    # n > 1: the samples after the first are forks of it, prefilled with it once (ar/forks.py)
+    index: int = 0                           # which of the request's samples this is
+    parent: "Sequence | None" = None
+    forks: list["Sequence"] = field(default_factory=list)
+    num_cached: int = 0                      # prompt tokens found in the prefix cache (not prefilled)
+    block_hashes: list[bytes] | None = None  # of the prompt's full blocks (ar/prefix_cache.py)
+    cache_salt: bytes = b""                  # anything besides token ids that shapes the prompt's KV
+    matcher: Any = None                      # structured output's grammar matcher (ar/grammar.py), or None
+    thinking: bool = False                   # starts inside its reasoning (the prompt opened it)
+    thinking_left: int = -1                  # reasoning tokens still allowed; -1: no budget
+    new_logprobs: list | None = None         # the last reported token's (logprob, [(id, logprob)...]), if asked
 
     @property
     def prompt_len(self) -> int:

@@ -7,6 +7,7 @@ slows the model down.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import json
@@ -31,6 +32,8 @@ from triton_omni.runtime.metrics import Gauge
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext, register, string_array
+from triton_omni.text.channels import CONTENT, ChannelSplitter, MarkerIds, opens_reasoning
+from triton_omni.text.replies import ReplyOptions
 from triton_omni.text.stream import TokenStream
 from triton_omni.text.tokenizer import load_tokenizer, token_byte_table
 
@@ -48,6 +51,12 @@ class ARParams(EngineConfig):
     checkpoint: str = ""
     dtype: str = "float32"
     load_format: str = "auto"          # "dummy": random weights from config.json (benchmarks)
+    # FP8 (E4M3) weights for every linear layer of the decoder, quantized at load (models/quant.py):
+    # "none" (weights in `dtype`), "fp8" (a scale per output channel), "fp8_block" (per 128 x 128 block).
+    # An FP8 checkpoint (transformers' fine-grained layout) keeps its own blocks under either; under
+    # "none" it is dequantized. `quantize_lm_head`: the lm_head too (released FP8 checkpoints keep it in 16 bits).
+    quantization: str = "none"
+    quantize_lm_head: bool = False
     # tokens per streamed response after the first (which goes out at once, for the time to first
     # token): n >= 1 at least n (fewer only at the end); 0 (auto): 1 while one stream is live, then
     # one more per STREAMS_PER_TOKEN live streams (33 at 64). Each response is a request for every
@@ -70,20 +79,32 @@ class ARParams(EngineConfig):
 
 
 @dataclass(eq=False)
+class Group:
+    """The samples of one request (n > 1): one sink, whose final response is the last sample's."""
+    left: int = 1
+
+
+@dataclass(eq=False)
 class Reply:
-    """A request's delivery state (touched only by the delivery thread after submit)."""
+    """A request's (with n > 1: one sample's) delivery state (touched only by the delivery thread after submit)."""
     sink: ResponseSink
     tokens: TokenStream
     streaming: bool
     prompt_len: int
     seq: Sequence | None = None
     context: list[int] = field(default_factory=list)
-    unsent: list[int] = field(default_factory=list)      # released, not sent yet (non-streaming: until the end)
+    unsent: list = field(default_factory=list)      # released, not sent yet (non-streaming: until the end)
     n_released: int = 0
     n_responses: int = 0
     done: bool = False
     request_id: str = ""
     last_checked: float = 0.0        # when Triton was last asked whether it was cancelled
+    index: int = 0                   # which sample of its request
+    group: Group = field(default_factory=Group)
+    splitter: ChannelSplitter | None = None      # a chat answer's reasoning / tool-call channels
+    logprobs: collections.deque | None = None    # per generated token not yet released, when asked
+    echo: list[int] = field(default_factory=list)   # prompt ids to put before the first response's tokens
+    cached_tokens: int = 0
 
 
 def eos_token_ids(folder, tokenizer) -> list[int]:
@@ -106,6 +127,16 @@ def enable_kernels(device, wanted: bool) -> None:
         dispatch.enable(True)
 
 
+def grammar_compiler(tokenizer, vocab: int, stop_ids):
+    """Structured output's compiler for this vocabulary, or None without xgrammar (requests refused)."""
+    try:
+        from triton_omni.ar.grammar import GrammarCompiler
+
+        return GrammarCompiler(token_byte_table(tokenizer), vocab, list(stop_ids))
+    except ImportError:
+        return None
+
+
 def build_engine(folder, params: ARParams, device: str, prompt_embeds: bool = False) -> tuple[LLMEngine, object]:
     """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks).
     `prompt_embeds`: an engine whose prompts may carry spliced embeddings (ar/prompt_embeds.py)."""
@@ -113,11 +144,14 @@ def build_engine(folder, params: ARParams, device: str, prompt_embeds: bool = Fa
     if params.load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {params.load_format!r}")
     tokenizer = load_tokenizer(folder)
-    model = load_causal_lm(folder, device, dtype, dummy=params.load_format == "dummy")
+    model = load_causal_lm(folder, device, dtype, dummy=params.load_format == "dummy",
+                           quantization=params.quantization, lm_head=params.quantize_lm_head)
     enable_kernels(device, params.use_triton_kernels)
     vocab = model.config.vocab_size
-    engine = LLMEngine(model, params.engine_config(), device, dtype,
-                       eos_token_ids(folder, tokenizer), vocab, prompt_embeds=prompt_embeds)
+    eos = eos_token_ids(folder, tokenizer)
+    engine = LLMEngine(model, params.engine_config(), device, dtype, eos, vocab,
+                       think_ids=MarkerIds.of(tokenizer).reasoning, grammar=grammar_compiler(tokenizer, vocab, eos),
+                       prompt_embeds=prompt_embeds)
     if engine.runner.use_graphs:
         engine.runner.capture_graphs()
     return engine, tokenizer
@@ -130,6 +164,7 @@ class ARDecode(Step):
         TensorSpec("input_ids", "TYPE_INT32", (-1,), optional=True),
         TensorSpec("sampling", "TYPE_STRING", (1,), optional=True),
         TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
+        TensorSpec("reply_options", "TYPE_STRING", (1,), optional=True),     # text/replies.py
         TensorSpec(ABORT_INPUT, "TYPE_STRING", (1,), optional=True, control=True),
     )
     outputs = (
@@ -139,6 +174,11 @@ class ARDecode(Step):
         TensorSpec("finish_reason", "TYPE_STRING", (1,)),
         TensorSpec("prompt_tokens", "TYPE_INT32", (1,)),
         TensorSpec("completion_tokens", "TYPE_INT32", (1,)),
+        TensorSpec("token_channels", "TYPE_INT32", (-1,)),       # per token_ids entry: text/channels.py
+        TensorSpec("index", "TYPE_INT32", (1,)),                 # which sample (n > 1)
+        TensorSpec("cached_tokens", "TYPE_INT32", (1,)),         # prompt tokens found in the prefix cache
+        TensorSpec("reasoning_tokens", "TYPE_INT32", (1,)),
+        TensorSpec("token_logprobs", "TYPE_STRING", (1,)),       # JSON, per new token: [id, logprob, [[id, logprob]...]]
     )
     Params = ARParams
 
@@ -154,7 +194,9 @@ class ARDecode(Step):
         self.metrics = {k: Gauge(f"triton_omni_ar_{k}", d, ctx.model_name) for k, d in (
             ("decode_steps", "decode steps run"), ("decode_tokens", "tokens decoded (sum of decode batch sizes)"),
             ("prefill_tokens", "prompt tokens prefilled"), ("max_decode_batch", "largest decode batch seen"),
-            ("requests_started", "requests accepted"), ("requests_finished", "requests whose final response was sent"))}
+            ("requests_started", "requests accepted"), ("requests_finished", "requests whose final response was sent"),
+            ("prefix_cache_hit_rate", "share of admitted prompt tokens found in the prefix cache"),
+            ("cached_tokens", "prompt tokens found in the prefix cache"))}
         self.requests_started = self.requests_finished = 0
         self._stop = False
         self.loop = EngineThread(self.engine, on_error=lambda e: ctx.log(
@@ -167,8 +209,9 @@ class ARDecode(Step):
 
     def make_engine(self, folder) -> LLMEngine:
         """The engine (a subclass may decode another kind of model: see tts/frame_talker.py)."""
-        engine, tokenizer = build_engine(folder, self.params, self.ctx.device)
+        engine, tokenizer = build_engine(folder, self.params, self.ctx.device, prompt_embeds=self.spliced_prompts)
         self.token_bytes = token_byte_table(tokenizer)
+        self.markers = MarkerIds.of(tokenizer)
         return engine
 
     # -- Triton's thread ----------------------------------------------------------------------
@@ -180,9 +223,23 @@ class ARDecode(Step):
         if ids is None or ids.ndim != 1:
             raise InvalidInput("input_ids", "expected a 1-D list of token ids")
         params = SamplingParams.from_resolved(request.json("sampling"))    # the pre step checked it
+        options = ReplyOptions.from_json(request.json("reply_options"))
         streaming = bool(request.scalar("stream", False))
-        reply = Reply(sink, TokenStream(self.token_bytes, params.stop), streaming, int(ids.shape[0]))
-        self.start(request, reply, ids, params, self.prompt_embeds(request, ids))
+        group = Group(params.n)
+        replies = []
+        for i in range(params.n):
+            reply = Reply(sink, TokenStream(self.token_bytes, params.stop), streaming, int(ids.shape[0]), index=i,
+                          group=group)
+            if options.reasoning or options.tools:
+                reply.splitter = ChannelSplitter(self.markers, options.reasoning, options.tools,
+                                                 opens_reasoning(ids.tolist(), self.markers))
+            reply.logprobs = collections.deque() if params.logprobs is not None else None
+            reply.echo = ids.tolist() if options.echo else []
+            replies.append(reply)
+        thinking = replies[0].splitter is not None and replies[0].splitter.channel != CONTENT
+        self.start(request, replies, ids, params, thinking, self.prompt_embeds(request, ids))
+
+    spliced_prompts = False         # an engine for prompts with spliced embeddings (ar/embeds_step.py)
 
     def prompt_embeds(self, request: Request, ids):
         """The request's spliced prompt embeddings (ar/embeds_step.py reads them); a text step has none."""
@@ -199,21 +256,28 @@ class ARDecode(Step):
         sink.send({}, final=True)
         return True
 
-    def start(self, request: Request, reply: Reply, prompt, params: SamplingParams, embeds=None) -> None:
-        """Queue the request on the engine; its outputs go to the delivery thread. `embeds`: its
-        spliced prompt embeddings (ar/prompt_embeds.PromptEmbeds; ar/embeds_step.py)."""
+    def start(self, request: Request, replies, prompt, params: SamplingParams, thinking: bool = False,
+              embeds=None) -> None:
+        """Queue the request on the engine; its outputs go to the delivery thread. `replies`: one Reply,
+        or one per sample (n > 1), in sample order. `embeds`: its spliced prompt embeddings
+        (ar/prompt_embeds.PromptEmbeds; ar/embeds_step.py)."""
         self.requests_started += 1
-        reply.seq = self.engine.add(prompt, params,
-                                    on_output=lambda seq, new, reason: self.outbox.put((reply, new, reason)),
-                                    embeds=embeds)
-        reply.request_id = request.request_id
+        replies = replies if isinstance(replies, list) else [replies]
+        put = self.outbox.put
+        seq = self.engine.add(prompt, params, thinking=thinking, embeds=embeds,
+                              on_output=lambda s, new, reason: put((replies[s.index], new, reason, s.new_logprobs)))
+        for reply, s in zip(replies, [seq, *seq.forks]):
+            reply.seq = s
+            reply.request_id = request.request_id
+        reply = replies[0]
         with self.live_lock:
             if reply.request_id and self.aborted.pop(reply.request_id, None) is not None:
-                reply.done = True
-                self.engine.abort(reply.seq)
+                for r in replies:
+                    r.done = True
+                self.engine.abort(seq, with_forks=True)
                 raise Cancelled("request cancelled")
             if not reply.done:
-                self.live.add(reply)     # polled for cancellation until it finishes
+                self.live.add(reply)     # polled for cancellation until it finishes (the first sample stands for all)
 
     def wrap_sink(self, request: Request, sink: ResponseSink) -> ResponseSink:
         """Where a subclass reshapes this request's responses (e.g. a talker feeding a codec)."""
@@ -243,13 +307,15 @@ class ARDecode(Step):
         """Engine outputs queued since the last round, merged per reply: when sending falls behind
         the engine, a response carries several tokens instead of the backlog growing."""
         merged: dict[Reply, list] = {}
-        for reply, new, reason in items:
+        for reply, new, reason, *lps in items:
             entry = merged.setdefault(reply, [[], None, False])
             if reason == CANCEL:
                 entry[2] = True
             else:
                 entry[0] += new or []
                 entry[1] = reason if reason is not None else entry[1]
+                if reply.logprobs is not None and lps and lps[0]:
+                    reply.logprobs.extend(lps[0])
         for reply, (new, reason, cancel) in merged.items():
             if reply.done:
                 continue
@@ -266,6 +332,7 @@ class ARDecode(Step):
         elif reason is not None:
             released += reply.tokens.flush()
         reply.n_released += len(released)
+        released = self._tag(reply, released, reason is not None)
         if not reply.streaming:
             reply.unsent += released
             if reason is not None:
@@ -275,7 +342,7 @@ class ARDecode(Step):
             if reason is None and reply.n_responses and len(reply.unsent) < self.stream_interval():
                 return
             self._send(reply, reply.context, reply.unsent, stop_hit, reason)
-            reply.context = (reply.context + reply.unsent)[-CONTEXT_TOKENS:]
+            reply.context = (reply.context + [t for t, _, _ in reply.unsent])[-CONTEXT_TOKENS:]
             reply.unsent = []
         if reason is not None:
             self._close(reply)
@@ -284,17 +351,41 @@ class ARDecode(Step):
         n = self.params.stream_interval
         return n if n > 0 else 1 + len(self.live) // STREAMS_PER_TOKEN
 
-    def _send(self, reply: Reply, context: list[int], new: list[int], stop: str | None, reason: str | None) -> None:
-        self.requests_finished += reason is not None
+    def _tag(self, reply: Reply, released: list[int], last: bool) -> list[tuple]:
+        """Released tokens as (token, channel, logprob entry or None): their chat channel (text/channels.py;
+        CONTENT without a splitter, and a tool call's tokens held until it closes) and their logprobs."""
+        lps = reply.logprobs
+        if reply.splitter is None:
+            pairs = [(t, CONTENT) for t in released]
+        else:
+            pairs = reply.splitter.push(released) + (reply.splitter.flush() if last else [])
+        return [(t, ch, lps.popleft() if lps else None) for t, ch in pairs]
+
+    def _send(self, reply: Reply, context: list[int], new: list, stop: str | None, reason: str | None) -> None:
+        """`new`: (token, channel, logprob) triples (ar/step.py's `_tag`)."""
+        final = False
+        if reason is not None:
+            reply.group.left -= 1
+            final = reply.group.left <= 0
+        self.requests_finished += final
         reply.n_responses += 1
+        echo, reply.echo = reply.echo, []
+        tokens, channels = echo + [t for t, _, _ in new], [CONTENT] * len(echo) + [c for _, c, _ in new]
+        logprobs = [[t, lp[0], [list(x) for x in lp[1]]] for t, c, lp in new if lp is not None and c == CONTENT] \
+            if reply.logprobs is not None else None
         reply.sink.send({
-            "token_ids": np.asarray(context + new, dtype=np.int32),
+            "token_ids": np.asarray(context + tokens, dtype=np.int32),
             "num_context": np.asarray([len(context)], dtype=np.int32),
             "stop_text": string_array(stop or ""),
             "finish_reason": string_array(reason or ""),
             "prompt_tokens": np.asarray([reply.prompt_len], dtype=np.int32),
             "completion_tokens": np.asarray([reply.n_released], dtype=np.int32),
-        }, final=reason is not None)
+            "token_channels": np.asarray([CONTENT] * len(context) + channels, dtype=np.int32),
+            "index": np.asarray([reply.index], dtype=np.int32),
+            "cached_tokens": np.asarray([reply.seq.num_cached if reply.seq is not None else 0], dtype=np.int32),
+            "reasoning_tokens": np.asarray([reply.splitter.reasoning_tokens if reply.splitter else 0], dtype=np.int32),
+            "token_logprobs": string_array(json.dumps(logprobs) if logprobs is not None else ""),
+        }, final=final)
 
     def _close(self, reply: Reply) -> None:
         with self.live_lock:
@@ -305,7 +396,8 @@ class ARDecode(Step):
         """End a cancelled request with a normal final response: an error mid-stream would not
         reach the model's front (Triton 2.51 drops it on the way to a BLS caller)."""
         self._close(reply)
-        self.engine.abort(reply.seq)
+        self.engine.abort(reply.seq, with_forks=True)
+        reply.group.left = 1                 # the request ends here, whichever samples were still running
         self._send(reply, [], [], None, "cancelled")
 
     def _check_cancelled(self) -> None:

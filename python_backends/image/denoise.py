@@ -21,6 +21,7 @@ from triton_omni.image.checkpoint import load_component, load_scheduler, pipelin
 from triton_omni.image.checks import check_settings
 from triton_omni.image.request import ServedSizes
 from triton_omni.image.tensors import group_by, to_output, to_torch
+from triton_omni.models import quant
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext
@@ -35,6 +36,9 @@ class DenoiseParams(ServedSizes):
     compile: bool = False              # GPU: torch.compile each repeated transformer block (regional:
                                        #   one compiled block serves all layers; a new shape compiles on first use)
     attention: str = "native"          # the transformer's attention kernel (ATTENTION_BACKENDS)
+    quantization: str = "none"         # "fp8": the repeated blocks' linear layers in FP8 E4M3 at load, a scale per
+                                       #   output channel, the activations one a row (torch._scaled_mm on the GPU;
+                                       #   models/quant.quantize_blocks); compiled with them where `compile` is on
 
 
 # `attention` -> diffusers' attention backend. native: torch's SDPA picks (FLASH on an H200 when no
@@ -107,6 +111,8 @@ class DenoiseStep(Step):
                              if getattr(self.transformer.config, k, None))
         self._schedules: dict[Hashable, tuple] = {}
         self.set_attention(self.params.attention)
+        if self.params.quantization != "none":
+            quant.quantize_blocks(self.transformer, self.params.quantization)
         self.compiled = self.params.compile and torch.device(self.device).type == "cuda"
         if self.compiled:
             self.transformer.compile_repeated_blocks(fullgraph=True)

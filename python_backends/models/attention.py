@@ -33,6 +33,10 @@ class PagedAttention(nn.Module):
         cos, sin, rows = rotary.tables(positions, ctx)
         q, k = dispatch.qk_norm_rope_store(q, k, v, q_w, k_w, eps, zero_centered, cos, sin, rows,
                                            self.k_cache, self.v_cache, ctx.slot_mapping)
+        if ctx.is_prefill and ctx.prefix_lens is not None:      # the prompts' heads are cached: read all from the cache
+            return dispatch.prefill_attention_with_prefix(q, self.k_cache, self.v_cache, ctx.block_tables,
+                                                          ctx.context_lens, ctx.seq_lens, ctx.prefix_lens, self.scale,
+                                                          ctx.cu_seqlens, ctx.max_context_len)
         if ctx.is_prefill:
             return dispatch.prefill_attention(q, k, v, ctx.seq_lens, self.scale, ctx.cu_seqlens, ctx.max_seqlen)
         return dispatch.paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables,

@@ -20,10 +20,13 @@ class ForwardContext:
     seq_lens: list[int] | None = None     # host copy, prefill only
     cu_seqlens: torch.Tensor | None = None  # [B+1] int32 ([B+2] in a prefill graph: see prompts_cu)
     max_seqlen: int = 0                   # host bound on every packed length (varlen attention's grid)
-    # decode: one token per sequence
+    # decode: one token per sequence (and a prefill over cached prefixes: see prefix_lens)
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
-    context_lens: torch.Tensor | None = None  # [B] int32, including the token being decoded
+    context_lens: torch.Tensor | None = None  # [B] int32, including the token being decoded (prefill: the prompt)
     max_context_len: int = 0              # host bound used by the torch reference path
+    # prefill of prompts whose first tokens' K/V are already in the paged cache (prefix caching): per
+    # sequence, how many (host); the packed tokens are each prompt's rest, at positions from there
+    prefix_lens: list[int] | None = None
     # rotary positions, where they are not `positions` (a token's place in its sequence): [T] int64, or
     # [A, T] with one row per rotary axis (multimodal rope: time, height, width). Set only by an engine
     # that takes spliced prompt embeddings (ar/prompt_embeds.py); None everywhere else.

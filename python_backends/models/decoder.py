@@ -76,6 +76,10 @@ class DecoderLayer(nn.Module):
 
 
 def _norm_linear(norm: RMSNorm, linear: MergedLinear, x, residual):
+    scale = getattr(linear, "weight_scale_inv", None)           # FP8 weights (models/quant.py)
+    if scale is not None:
+        return dispatch.fp8_norm_linear(x, residual, norm.weight, norm.eps, norm.zero_centered, linear.weight, scale,
+                                        linear.bias)
     return dispatch.norm_linear(x, residual, norm.weight, norm.eps, norm.zero_centered, linear.weight, linear.bias)
 
 

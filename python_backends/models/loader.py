@@ -30,28 +30,61 @@ def checkpoint_tensors(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]
                 yield key, f.get_tensor(key)
 
 
-def load_weights(model: nn.Module, folder: str | Path,
-                 tensors: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
-    """Fill the model from the folder's tensors (`tensors`: others in their place, e.g. meta tensors of
-    the headers' shapes, which checks names and shapes without reading weights)."""
-    params = dict(model.named_parameters(remove_duplicate=False))
+def checkpoint_names(folder: str | Path) -> list[str]:
+    """The names of a folder's tensors, from the files' headers (no tensor is read)."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        return list(json.loads(index.read_text())["weight_map"])
+    names = []
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            names += list(f.keys())
+    return names
+
+
+def placement(model: nn.Module):
+    """checkpoint name -> (the model's parameter name, part index in a merged module or None), or
+    (None, None) for a name the model skips; by the model's `rename`, `skip_prefixes` and `packed`."""
     packed: dict[str, tuple[str, int]] = getattr(model, "packed", {})
     rename: dict[str, str] = getattr(model, "rename", {})
     skip: tuple[str, ...] = getattr(model, "skip_prefixes", ())
-    filled: set[str] = set()
-    for name, tensor in checkpoint_tensors(folder) if tensors is None else tensors:
+
+    def place(name: str) -> tuple[str | None, int | None]:
         for old, new in rename.items():
             if name.startswith(old):
                 name = new + name[len(old):]
                 break
         if name.startswith(skip):
-            continue
-        target = name
-        part = None
+            return None, None
         for frag, (merged, index) in packed.items():
             if f".{frag}." in name:
-                target, part = name.replace(f".{frag}.", f".{merged}."), index
-                break
+                return name.replace(f".{frag}.", f".{merged}."), index
+        return name, None
+    return place
+
+
+def load_weights(model: nn.Module, folder: str | Path,
+                 tensors: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+    """Fill the model from the folder's tensors (`tensors`: others in their place, e.g. meta tensors of
+    the headers' shapes, which checks names and shapes without reading weights). An FP8 checkpoint's
+    weights fill the model's FP8 layers as they are and are dequantized for the others (models/quant.py)."""
+    from triton_omni.models import quant
+
+    params = dict(model.named_parameters(remove_duplicate=False))
+    place = placement(model)
+    filled: set[str] = set()
+    stream = checkpoint_tensors(folder) if tensors is None else tensors
+    if quant.checkpoint_block(folder) is not None:
+        if tensors is not None:
+            stream = list(stream)
+        names = checkpoint_names(folder) if tensors is None else [n for n, _ in stream]
+        stream = quant.dequantized_stream(stream, quant.scaled_prefixes(names),
+                                          lambda n: place(n)[0] in params, str(folder))
+    for name, tensor in stream:
+        target, part = place(name)
+        if target is None:
+            continue
         if target not in params:
             raise KeyError(f"{folder}: checkpoint tensor {name!r} has no place in {type(model).__name__}")
         param = params[target]

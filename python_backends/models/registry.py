@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from triton_omni.models.loader import load_weights
+from triton_omni.models import quant
+from triton_omni.models.loader import checkpoint_names, load_weights
 
 
 # model_type -> (module, class); imported only when a checkpoint of that type is loaded
@@ -44,16 +45,30 @@ def build_causal_lm(folder: str | Path, device: str | torch.device) -> nn.Module
 
 
 def load_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.dtype,
-                   dummy: bool = False) -> nn.Module:
+                   dummy: bool = False, quantization: str = quant.NONE, lm_head: bool = False) -> nn.Module:
     """The model for a checkpoint folder. `dummy`: random weights from config.json alone (for
-    benchmarks of real-size shapes without their weights)."""
+    benchmarks of real-size shapes without their weights). `quantization` (models/quant.py SCHEMES):
+    the linear layers in FP8, and the lm_head too with `lm_head`; an FP8 checkpoint's own blocks are
+    kept where the model can hold them."""
     model = build_causal_lm(folder, device)
+    fp8 = quantization != quant.NONE
+    if fp8:
+        quant.check_scheme(quantization, device)
+    elif lm_head:
+        raise ValueError(f"parameter 'quantize_lm_head': needs quantization {' or '.join(quant.SCHEMES)}")
     if dummy:
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.normal_(0.0, 0.02) if not n.endswith("norm.weight") else p.fill_(1.0)
     else:
+        block = quant.checkpoint_block(folder)
+        if fp8 and block is not None:
+            quant.prepare_checkpoint_fp8(model, block, quantization, quant.fp8_parts(model, checkpoint_names(folder)))
         load_weights(model, folder)
-    for p in model.parameters():          # parameters to the model dtype; rotary tables stay fp32
-        p.data = p.data.to(dtype)
+    kept = quant.fp8_parameters(model)
+    for p in model.parameters():          # parameters to the model dtype; rotary tables stay fp32, FP8 as loaded
+        if id(p) not in kept:
+            p.data = p.data.to(dtype)
+    if fp8:
+        quant.quantize_decoder(model, quantization, lm_head)
     return model.eval()

@@ -77,6 +77,10 @@ class StreamFront:
         self.abort_models = [m for m in params.get("abort_models", "").split(",") if m]
         self.output_names = [o["name"] for o in config["output"]]
         self.batched = int(config.get("max_batch_size", 0)) > 0
+        # an unbatched front (max_batch_size 0: inputs of shape [1], as Triton's vLLM backend's
+        # clients send) before a batched ensemble: a batch dimension added to inputs, removed from outputs
+        self.reshape = not self.batched and params.get("ensemble_batched") == "true"
+        self.steps_batched = self.batched or self.reshape
         self.active: dict[str, _Stream] = {}   # inner request id -> the client's stream
         self.lock = threading.Lock()
         self._stop = False
@@ -89,7 +93,11 @@ class StreamFront:
             # sender. A daemon thread per stream: a relay waiting on the ensemble never holds up
             # shutdown.
             with STUB_LOCK:
-                inputs = [self.pb.Tensor(t.name(), t.as_numpy().copy()) for t in request.inputs()]
+                if self.reshape:
+                    inputs = [self.pb.Tensor(t.name(), t.as_numpy()[None].copy()) for t in request.inputs()]
+                    inputs += self._parameters_as_input(request, {t.name() for t in request.inputs()})
+                else:
+                    inputs = [self.pb.Tensor(t.name(), t.as_numpy().copy()) for t in request.inputs()]
                 sender = request.get_response_sender()
                 wanted = set(request.requested_output_names())
             threading.Thread(target=self._relay, args=(inputs, sender, wanted),
@@ -118,6 +126,8 @@ class StreamFront:
                     # only what the client asked for: the stub would drop the rest itself, inside
                     # send, without the GIL (see triton_model.py's output_tensors)
                     tensors = None if error else [t for t in response.output_tensors() if t.name() in wanted]
+                    if tensors and self.reshape:
+                        tensors = [pb.Tensor(t.name(), t.as_numpy()[0]) for t in tensors]
                 if error is not None:
                     stream.finish(pb.InferenceResponse(error=error))
                     return
@@ -145,7 +155,7 @@ class StreamFront:
         ","): each request is a round trip made under the stub lock, which every relay waits for."""
         pb = self.pb
         joined = ",".join(inner_ids).encode()
-        value = np.array([[joined]] if self.batched else [joined], dtype=np.object_)
+        value = np.array([[joined]] if self.steps_batched else [joined], dtype=np.object_)
         for model in self.abort_models:
             try:
                 with STUB_LOCK:
@@ -156,6 +166,17 @@ class StreamFront:
                     pass
             except Exception as exc:  # noqa: BLE001
                 pb.Logger.log_error(f"{self.ensemble}: abort of {inner_ids} in {model} failed: {exc!r}")
+
+    def _parameters_as_input(self, request, present: set[str]) -> list:
+        """Triton's vLLM backend reads its sampling parameters from the request's parameters when no
+        `sampling_parameters` tensor comes (its sample client sends both): the same here, as the tensor."""
+        if "sampling_parameters" in present:
+            return []
+        params = request.parameters()
+        if not params or params in ("{}", b"{}"):
+            return []
+        text = params.decode() if isinstance(params, bytes) else str(params)
+        return [self.pb.Tensor("sampling_parameters", np.array([[text.encode()]], dtype=np.object_))]
 
     def finalize(self) -> None:
         self._stop = True

@@ -1,11 +1,14 @@
 """The chat model's CPU steps: pre (validate, chat template, tokenize) and post (detokenize).
 
-pre  turns `messages` (OpenAI-style JSON) or a raw `text_input` into token ids, and parses and
-     resolves the sampling parameters against the prompt and the context (defaults, seed), so bad
-     requests fail before decode and the AR step takes the resolved form as it is.
-post turns the token ids that the AR step releases into text. It keeps no state: each response
-     carries a few already-sent tokens as context, so the new text is decode(context + new) minus
-     decode(context), which is exact at the whole-character boundaries the AR step cuts at.
+pre  turns `messages` (OpenAI-style JSON, tool calls and results included; `tools` rendered by the
+     chat template) or a raw `text_input` into token ids, and parses and resolves the sampling
+     parameters against the prompt and the context (the checkpoint's generation_config defaults,
+     seed, structured output and tool_choice as a grammar), so bad requests fail before decode and
+     the AR step takes the resolved form as it is.
+post turns the token ids that the AR step releases into text, per channel (content, reasoning, tool
+     calls: text/channels.py). It keeps no state: each response carries a few already-sent tokens
+     as context, so the new text is decode(context + new) minus decode(context), which is exact at
+     the whole-character boundaries the AR step cuts at (text/detokenize.py).
 """
 from __future__ import annotations
 
@@ -15,11 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from triton_omni.ar.defaults import generation_defaults
 from triton_omni.ar.sampling import FIELD as SAMPLING, SamplingParams
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
+from triton_omni.text.channels import MarkerIds
+from triton_omni.text.replies import ReplyOptions
 from triton_omni.text.tokenizer import load_tokenizer
+from triton_omni.text.tools import ToolRequest
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 
@@ -33,7 +40,7 @@ class ChatPreParams:
     max_messages_bytes: int = 1 << 20
 
 
-PROMPT_INPUTS = ("text_input", "messages", "chat_template_kwargs")
+PROMPT_INPUTS = ("text_input", "messages", "chat_template_kwargs", "tools")
 
 
 def _message_text(i: int, content: Any) -> str:
@@ -50,7 +57,9 @@ def _message_text(i: int, content: Any) -> str:
     raise InvalidInput(f"messages[{i}].content", "expected a string or a list of content parts")
 
 
-def parse_messages(raw: Any) -> list[dict[str, str]]:
+def parse_messages(raw: Any) -> list[dict[str, Any]]:
+    """The messages for the chat template: role and text content, and what a tool-using history
+    carries (an assistant's `tool_calls` and `reasoning_content`, a tool result's `tool_call_id`)."""
     if not isinstance(raw, list) or not raw:
         raise InvalidInput("messages", "expected a non-empty JSON list of {role, content} objects")
     out = []
@@ -60,9 +69,17 @@ def parse_messages(raw: Any) -> list[dict[str, str]]:
         role = m.get("role")
         if role not in ROLES:
             raise InvalidInput(f"messages[{i}].role", f"expected one of {sorted(ROLES)}, got {role!r}")
-        if "content" not in m:
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if "content" not in m and not calls:
             raise InvalidInput(f"messages[{i}].content", "missing")
-        out.append({"role": role, "content": _message_text(i, m["content"])})
+        msg: dict[str, Any] = {"role": role, "content": "" if m.get("content") is None else _message_text(i, m["content"])}
+        if calls:
+            msg["tool_calls"] = ToolRequest.history_calls(calls, f"messages[{i}].tool_calls")
+        if role == "assistant" and isinstance(m.get("reasoning_content"), str):
+            msg["reasoning_content"] = m["reasoning_content"]
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
     return out
 
 
@@ -71,22 +88,46 @@ class ChatPreprocess(Step):
     inputs = (
         TensorSpec("text_input", "TYPE_STRING", (1,), optional=True),
         TensorSpec("messages", "TYPE_STRING", (1,), optional=True),
+        TensorSpec("prompt_token_ids", "TYPE_INT32", (-1,), optional=True),   # a raw prompt as token ids
         TensorSpec("chat_template_kwargs", "TYPE_STRING", (1,), optional=True),
         TensorSpec("sampling_parameters", "TYPE_STRING", (1,), optional=True),
-        # sent by genai-perf (--backend vllm); the prompt is never echoed, so it changes nothing
+        # Triton's vLLM backend's: false (or left out when not streaming) puts the prompt before a
+        # `text_input` answer; chat answers never repeat their messages
         TensorSpec("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),
+        TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
+        TensorSpec("tools", "TYPE_STRING", (1,), optional=True),             # JSON: OpenAI's tools list
+        TensorSpec("tool_choice", "TYPE_STRING", (1,), optional=True),       # "auto", "none", "required", or JSON
+        TensorSpec("parallel_tool_calls", "TYPE_BOOL", (1,), optional=True),
     )
     outputs = (
         TensorSpec("input_ids", "TYPE_INT32", (-1,)),
         TensorSpec("sampling", "TYPE_STRING", (1,)),
+        TensorSpec("reply_options", "TYPE_STRING", (1,)),
     )
     Params = ChatPreParams
 
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
-        self.tokenizer = load_tokenizer(ctx.checkpoint(self.params.checkpoint))
+        folder = ctx.checkpoint(self.params.checkpoint)
+        self.tokenizer = load_tokenizer(folder)
+        self.defaults = generation_defaults(folder)
+        self.markers = MarkerIds.of(self.tokenizer)
+        self._grammar = None
 
-    def prompt_text(self, req: Request) -> str:
+    def grammar(self):
+        """The structured-output compiler (built on first use), to refuse a bad grammar here, by name."""
+        if self._grammar is None:
+            from triton_omni.ar.grammar import GrammarCompiler
+            from triton_omni.text.tokenizer import token_byte_table
+
+            self._grammar = GrammarCompiler(token_byte_table(self.tokenizer), len(self.tokenizer),
+                                            [self.tokenizer.eos_token_id or 0])
+        return self._grammar
+
+    def input_limits(self) -> dict:
+        return {"prompt_token_ids": (self.params.max_model_len,)}
+
+    def prompt_text(self, req: Request, tools: "ToolRequest") -> str | list[int]:
         """The text to tokenize: `text_input` as given, or `messages` through the chat template."""
         most = self.params.max_messages_bytes
         for name in PROMPT_INPUTS:
@@ -96,8 +137,13 @@ class ChatPreprocess(Step):
                 raise InvalidInput(name, f"{size} bytes; at most {most} are accepted")
         text = req.string("text_input")
         messages = req.json("messages")
-        if (text is None) == (messages is None):
-            raise InvalidInput("messages", "give exactly one of 'messages' or 'text_input'")
+        ids = req.get("prompt_token_ids")
+        if sum(x is not None for x in (text, messages, ids)) != 1:
+            raise InvalidInput("messages", "give exactly one of 'messages', 'text_input' or 'prompt_token_ids'")
+        if ids is not None:
+            if ids.ndim != 1 or not ids.size or int(ids.min()) < 0 or int(ids.max()) >= len(self.tokenizer):
+                raise InvalidInput("prompt_token_ids", f"expected a non-empty list of token ids in [0, {len(self.tokenizer)})")
+            return ids.astype(np.int64).tolist()
         if text is not None:
             if not text:
                 raise InvalidInput("text_input", "is empty")
@@ -105,8 +151,36 @@ class ChatPreprocess(Step):
         kwargs = req.json("chat_template_kwargs", {})
         if not isinstance(kwargs, dict):
             raise InvalidInput("chat_template_kwargs", "expected a JSON object")
-        return self.tokenizer.apply_chat_template(parse_messages(messages), add_generation_prompt=True,
-                                                  tokenize=False, **kwargs)
+        if tools.rendered:
+            kwargs = {**kwargs, "tools": tools.rendered}
+        try:
+            return self.tokenizer.apply_chat_template(parse_messages(messages), add_generation_prompt=True,
+                                                      tokenize=False, **kwargs)
+        except InvalidInput:
+            raise
+        except Exception as e:  # noqa: BLE001 - the template refused this conversation (jinja's raise_exception)
+            raise InvalidInput("messages", f"the chat template cannot render them: {e}") from None
+
+    def request_plan(self, req: Request) -> tuple[str | list[int], SamplingParams, ReplyOptions]:
+        """A request's prompt text, its sampling parameters (over the checkpoint's defaults, with the
+        grammar that structured output or tool_choice asks for, checked here) and its reply options."""
+        tools = ToolRequest.parse(req.json("tools"), req.string("tool_choice"),
+                                  req.scalar("parallel_tool_calls", True))
+        text = self.prompt_text(req, tools)
+        params = SamplingParams.from_dict(req.json(SAMPLING), self.defaults)
+        if tools.grammar is not None:
+            if params.guided_decoding is not None:
+                raise InvalidInput("tool_choice", "cannot be combined with structured output (response_format)")
+            params.guided_decoding = tools.grammar
+        if params.guided_decoding is not None:
+            self.grammar().compile(params.guided_decoding)      # InvalidInput naming what is wrong
+        chat = req.get("messages") is not None
+        streaming = bool(req.scalar("stream", False))
+        # the vLLM backend's clients send exclude_input_in_output=false to get the prompt back (left out,
+        # that backend echoes too when not streaming; here left out never echoes)
+        echo = not chat and not streaming and req.scalar("exclude_input_in_output", None) is False
+        return text, params, ReplyOptions(reasoning=chat and self.markers.reasoning is not None,
+                                          tools=tools.parse_calls, echo=echo)
 
     def encode(self, texts: list[str]) -> list[list[int] | BaseException]:
         """All of a batch's texts in one tokenizer call: the Rust tokenizer spreads a batch over its
@@ -127,73 +201,27 @@ class ChatPreprocess(Step):
         """Each request's text and sampling checked on its own, then one tokenizer call for the batch,
         then the sampling resolved against each prompt's length; a failure stays its request's."""
         results: list[dict | BaseException | None] = [None] * len(requests)
-        pending: list[tuple[int, str, SamplingParams]] = []
+        pending: list[tuple[int, str, SamplingParams, ReplyOptions]] = []
         for i, req in enumerate(requests):
             try:
-                pending.append((i, self.prompt_text(req), SamplingParams.from_dict(req.json(SAMPLING))))
+                pending.append((i, *self.request_plan(req)))
             except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
                 results[i] = exc
-        encoded = self.encode([text for _, text, _ in pending]) if pending else []
-        for (i, _, params), ids in zip(pending, encoded):
+        texts = [text for _, text, _, _ in pending if isinstance(text, str)]
+        encoded = iter(self.encode(texts) if texts else [])
+        for i, prompt, params, options in pending:
+            ids = next(encoded) if isinstance(prompt, str) else prompt
             try:
                 if isinstance(ids, BaseException):
                     raise ids
                 resolved = params.resolve(len(ids), self.params.max_model_len, len(self.tokenizer))
                 results[i] = {"input_ids": np.asarray(ids, dtype=np.int32),
-                              "sampling": string_array(json.dumps(resolved.to_dict()))}
+                              "sampling": string_array(json.dumps(resolved.to_dict())),
+                              "reply_options": string_array(options.to_json())}
             except Exception as exc:  # noqa: BLE001
                 results[i] = exc
         return results
 
 
-@dataclass
-class DetokenizeParams:
-    checkpoint: str = ""
-    max_model_len: int = 2048          # the AR step's context: no response carries more tokens
-
-
-@register("detokenize")
-class Detokenize(Step):
-    inputs = (
-        TensorSpec("token_ids", "TYPE_INT32", (-1,), ragged=True),
-        TensorSpec("num_context", "TYPE_INT32", (1,)),
-        TensorSpec("stop_text", "TYPE_STRING", (1,)),
-        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
-        TensorSpec("prompt_tokens", "TYPE_INT32", (1,)),
-        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),
-    )
-    outputs = (
-        TensorSpec("text_output", "TYPE_STRING", (1,)),
-        TensorSpec("finish_reason", "TYPE_STRING", (1,)),
-        TensorSpec("prompt_tokens", "TYPE_INT32", (1,)),
-        TensorSpec("completion_tokens", "TYPE_INT32", (1,)),
-    )
-    Params = DetokenizeParams
-
-    def __init__(self, ctx: StepContext):
-        super().__init__(ctx)
-        self.tokenizer = load_tokenizer(ctx.checkpoint(self.params.checkpoint))
-
-    def text(self, ids: list[int], num_context: int, stop: str) -> str:
-        decode = lambda t: self.tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
-        full = decode(ids)
-        prefix = decode(ids[:num_context]) if num_context else ""
-        new = full[len(prefix):] if full.startswith(prefix) else decode(ids[num_context:])
-        if stop:
-            cut = new.find(stop)
-            new = new if cut < 0 else new[:cut]
-        return new
-
-    def input_limits(self) -> dict:
-        return {"token_ids": (self.params.max_model_len,)}
-
-    def one(self, req: Request) -> dict:
-        ids = req.get("token_ids")
-        if ids.size and int(ids.min()) < 0:           # the tokenizer takes unsigned ids (an id past its vocabulary is skipped)
-            raise InvalidInput("token_ids", f"token ids must be >= 0, got {int(ids.min())}")
-        num_context = int(req.scalar("num_context"))
-        if not 0 <= num_context <= ids.size:
-            raise InvalidInput("num_context", f"must be in [0, {ids.size}] (the tokens sent), got {num_context}")
-        text = self.text(ids.tolist(), num_context, req.string("stop_text"))
-        return {"text_output": string_array(text), "finish_reason": req.get("finish_reason"),
-                "prompt_tokens": req.get("prompt_tokens"), "completion_tokens": req.get("completion_tokens")}
+# the post step lives in text/detokenize.py; imported here so `text.chat` keeps registering both steps
+from triton_omni.text.detokenize import Detokenize, DetokenizeParams  # noqa: E402,F401

@@ -58,6 +58,8 @@ class FrameTalker(ARDecode):
         p = self.params
         if p.load_format != "auto":
             raise ValueError("load_format must be 'auto'")
+        if p.quantization != "none" or p.quantize_lm_head:
+            raise ValueError("parameter 'quantization': FP8 weights are for text decoders; this talker takes 'none'")
         self.model = self.load_model(folder, self.ctx.device, torch_dtype(p.dtype))
         enable_kernels(self.ctx.device, p.use_triton_kernels)
         engine = self.model_engine(self.model, p.engine_config())

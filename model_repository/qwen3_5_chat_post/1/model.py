@@ -2,6 +2,6 @@
 # The stub's interpreter imports the installed `triton_omni` distribution (pip install triton-omni,
 # or the project's editable install in its venv).
 from triton_omni.runtime.triton_model import triton_model
-from triton_omni.text.chat import Detokenize
+from triton_omni.text.detokenize import Detokenize
 
 TritonPythonModel = triton_model(Detokenize)

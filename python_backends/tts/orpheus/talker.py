@@ -79,7 +79,7 @@ class ChunkedSink(ResponseSink):
 
 @register("talker_decode")
 class TalkerDecode(ARDecode):
-    inputs = ARDecode.inputs + (SPEECH,)
+    inputs = tuple(t for t in ARDecode.inputs if t.name != "reply_options") + (SPEECH,)   # a chat answer's options
     outputs = (
         TensorSpec("token_ids", "TYPE_INT32", (-1,)),
         TensorSpec("num_context", "TYPE_INT32", (1,)),

@@ -14,14 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from triton_omni.ar.sampling import FIELD as SAMPLING, SamplingParams
 from triton_omni.media.image import ImageDecodeError, decode_pixels
 from triton_omni.media.video_decode import VideoDecodeError, VideoLimits, decode_video
 from triton_omni.models.loader import load_weights
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
-from triton_omni.runtime.step import Request, StepContext, register, string_array
+from triton_omni.runtime.step import Request, StepContext, register
 from triton_omni.text.chat import PROMPT_INPUTS, ChatPreParams, ChatPreprocess
 from triton_omni.vision.packed import PackedStep
 from triton_omni.vision.chat import MediaInputs, MediaPart, parse_vision_messages
@@ -77,20 +76,27 @@ class Qwen3_5VLPreprocess(ChatPreprocess):
     def input_limits(self) -> dict:
         return {"images": (self.params.max_images,), "videos": (self.params.max_videos,)}
 
-    def prompt_and_media(self, req: Request) -> tuple[str, list[MediaPart]]:
-        messages = req.json("messages")
-        if messages is None:        # a raw prompt: its placeholders would have no pixels
-            text = self.prompt_text(req)
-            if proc.IMAGE_PAD in text or proc.VIDEO_PAD in text:
-                raise InvalidInput("text_input", "image and video placeholders need messages with media parts")
-            return text, []
-        if req.get("text_input") is not None:
-            raise InvalidInput("messages", "give exactly one of 'messages' or 'text_input'")
+    def prompt_text(self, req: Request, tools) -> str | list[int]:
+        """The chat step's prompt, with each image and video decoded, resized and cut into patches
+        here (their grids size the placeholders), and the expanded text returned; the patches wait on
+        the request (`req.vision`) for `execute`."""
+        req.vision = ([], [])
+        if req.get("messages") is None:          # a raw prompt: placeholders in it would have no pixels
+            prompt = super().prompt_text(req, tools)
+            holes = (self.config["image_token_id"], self.config["video_token_id"])
+            if isinstance(prompt, str) and (proc.IMAGE_PAD in prompt or proc.VIDEO_PAD in prompt) or \
+                    not isinstance(prompt, str) and any(t in holes for t in prompt):
+                raise InvalidInput("text_input" if isinstance(prompt, str) else "prompt_token_ids",
+                                   "image and video placeholders need messages with media parts")
+            return prompt
+        if req.get("text_input") is not None or req.get("prompt_token_ids") is not None:
+            raise InvalidInput("messages", "give exactly one of 'messages', 'text_input' or 'prompt_token_ids'")
         for name in PROMPT_INPUTS:
             value = req.get(name)
             if value is not None and value.size and len(value.reshape(-1)[0]) > self.params.max_messages_bytes:
                 raise InvalidInput(name, f"more than {self.params.max_messages_bytes} bytes")
-        template_messages, media = parse_vision_messages(messages, MediaInputs(req.get("images"), req.get("videos")))
+        template_messages, media = parse_vision_messages(req.json("messages"),
+                                                         MediaInputs(req.get("images"), req.get("videos")))
         p = self.params
         for kind, most in (("image", p.max_images), ("video", p.max_videos)):
             n = sum(m.kind == kind for m in media)
@@ -99,8 +105,16 @@ class Qwen3_5VLPreprocess(ChatPreprocess):
         kwargs = req.json("chat_template_kwargs", {})
         if not isinstance(kwargs, dict):
             raise InvalidInput("chat_template_kwargs", "expected a JSON object")
-        text = self.tokenizer.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False, **kwargs)
-        return text, media
+        if tools.rendered:
+            kwargs = {**kwargs, "tools": tools.rendered}
+        try:
+            text = self.tokenizer.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False,
+                                                      **kwargs)
+        except Exception as e:  # noqa: BLE001 - the template refused this conversation
+            raise InvalidInput("messages", f"the chat template cannot render them: {e}") from None
+        patches, grids, images, videos = self.pixels(media, req)
+        req.vision = (patches, grids)
+        return proc.expand_prompt(text, images, videos, self.layout.merge_size)
 
     def video_options(self, req: Request) -> tuple[float, int]:
         opts = req.json("mm_processor_kwargs", {})
@@ -139,30 +153,18 @@ class Qwen3_5VLPreprocess(ChatPreprocess):
         return patches, grids, images, videos
 
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
-        results: list = [None] * len(requests)
-        pending = []
-        for i, req in enumerate(requests):
-            try:
-                text, media = self.prompt_and_media(req)
-                patches, grids, images, videos = self.pixels(media, req)
-                text = proc.expand_prompt(text, images, videos, self.layout.merge_size)
-                pending.append((i, text, SamplingParams.from_dict(req.json(SAMPLING)), patches, grids))
-            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
-                results[i] = exc
-        encoded = self.encode([t for _, t, *_ in pending]) if pending else []
-        for (i, _, params, patches, grids), ids in zip(pending, encoded):
-            try:
-                if isinstance(ids, BaseException):
-                    raise ids
-                ids = np.asarray(ids, dtype=np.int64)
-                resolved = params.resolve(len(ids), self.params.max_model_len, len(self.tokenizer))
-                width = self.layout.patch_bytes
-                results[i] = {"input_ids": ids.astype(np.int32), "sampling": string_array(json.dumps(resolved.to_dict())),
-                              "pixels": np.concatenate(patches) if patches else np.zeros((0, width), np.uint8),
-                              "grid_thw": np.asarray(grids, dtype=np.int64).reshape(-1, 3),
-                              "rope_positions": rope_grid_positions(ids, self.config, grids)}
-            except Exception as exc:  # noqa: BLE001
-                results[i] = exc
+        """The chat step's outputs, plus each request's patches, grids and rope positions."""
+        results = super().execute(requests)
+        width = self.layout.patch_bytes
+        for i, (req, out) in enumerate(zip(requests, results)):
+            if isinstance(out, dict):
+                patches, grids = req.vision
+                out["pixels"] = np.concatenate(patches) if patches else np.zeros((0, width), np.uint8)
+                out["grid_thw"] = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+                try:
+                    out["rope_positions"] = rope_grid_positions(out["input_ids"].astype(np.int64), self.config, grids)
+                except ValueError as e:     # the template split a placeholder run: not this model's template
+                    results[i] = InvalidInput("messages", str(e))
         return results
 
 

@@ -1,0 +1,4 @@
+"""Registers the speech-recognition step classes (imported by python_backends/steps.py)."""
+import triton_omni.asr.omniasr.steps  # noqa: F401
+import triton_omni.asr.post  # noqa: F401
+import triton_omni.asr.pre  # noqa: F401
