@@ -34,9 +34,10 @@ def builders() -> dict:
     from triton_omni.converters.tiny_qwen3_tts import BUILDERS as QWEN3_TTS
     from triton_omni.converters.tiny_tts import BUILDERS as TTS
     from triton_omni.converters.tiny_video import BUILDERS as VIDEO
+    from triton_omni.converters.tiny_vision import BUILDERS as VISION
 
     return {**CHAT, **MOE, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **ASR,
-            **VIDEO}
+            **VIDEO, **VISION}
 
 
 def _stamp(builder) -> str:

@@ -24,7 +24,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = {"ar_decode": "bench_ar_decode", "asr": "bench_asr", "chat_features": "bench_chat_features",
               "decode_matmul": "bench_decode_matmul", "decode_matmul_fp8": "bench_decode_matmul", "image": "bench_image",
               "proxy": "bench_proxy", "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec",
-              "video": "bench_video"}
+              "video": "bench_video", "vision": "bench_vision"}
 
 
 @dataclass

@@ -140,8 +140,9 @@ def grammar_compiler(tokenizer, vocab: int, stop_ids):
         return None
 
 
-def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, object]:
-    """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks)."""
+def build_engine(folder, params: ARParams, device: str, prompt_embeds: bool = False) -> tuple[LLMEngine, object]:
+    """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks).
+    `prompt_embeds`: an engine whose prompts may carry spliced embeddings (ar/prompt_embeds.py)."""
     dtype = torch_dtype(params.dtype)
     if params.load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {params.load_format!r}")
@@ -152,7 +153,8 @@ def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, obje
     vocab = model.config.vocab_size
     eos = eos_token_ids(folder, tokenizer)
     engine = LLMEngine(model, params.engine_config(), device, dtype, eos, vocab,
-                       think_ids=MarkerIds.of(tokenizer).reasoning, grammar=grammar_compiler(tokenizer, vocab, eos))
+                       think_ids=MarkerIds.of(tokenizer).reasoning, grammar=grammar_compiler(tokenizer, vocab, eos),
+                       prompt_embeds=prompt_embeds)
     if engine.runner.use_graphs:
         engine.runner.capture_graphs()
     return engine, tokenizer
@@ -226,7 +228,7 @@ class ARDecode(Step):
 
     def make_engine(self, folder) -> LLMEngine:
         """The engine (a subclass may decode another kind of model: see tts/frame_talker.py)."""
-        engine, tokenizer = build_engine(folder, self.params, self.ctx.device)
+        engine, tokenizer = build_engine(folder, self.params, self.ctx.device, prompt_embeds=self.spliced_prompts)
         self.token_bytes = token_byte_table(tokenizer)
         self.markers = MarkerIds.of(tokenizer)
         return engine
@@ -254,7 +256,13 @@ class ARDecode(Step):
             reply.echo = ids.tolist() if options.echo else []
             replies.append(reply)
         thinking = replies[0].splitter is not None and replies[0].splitter.channel != CONTENT
-        self.start(request, replies, ids, params, thinking)
+        self.start(request, replies, ids, params, thinking, self.prompt_embeds(request, ids))
+
+    spliced_prompts = False         # an engine for prompts with spliced embeddings (ar/embeds_step.py)
+
+    def prompt_embeds(self, request: Request, ids):
+        """The request's spliced prompt embeddings (ar/embeds_step.py reads them); a text step has none."""
+        return None
 
     def handle_abort(self, request: Request, sink: ResponseSink) -> bool:
         """True if this request is the front's abort for others (then it is answered here): their
@@ -267,15 +275,17 @@ class ARDecode(Step):
         sink.send({}, final=True)
         return True
 
-    def start(self, request: Request, replies, prompt, params: SamplingParams, thinking: bool = False) -> None:
+    def start(self, request: Request, replies, prompt, params: SamplingParams, thinking: bool = False,
+              embeds=None) -> None:
         """Queue the request on the engine; its outputs go to the delivery thread. `replies`: one Reply,
-        or one per sample (n > 1), in sample order."""
+        or one per sample (n > 1), in sample order. `embeds`: its spliced prompt embeddings
+        (ar/prompt_embeds.PromptEmbeds; ar/embeds_step.py)."""
         self.requests_started += 1
         replies = replies if isinstance(replies, list) else [replies]
         for r in replies:          # before the engine has it: a fast finish must find it (warmup's ids)
             r.request_id = request.request_id
         put = self.outbox.put
-        seq = self.engine.add(prompt, params, thinking=thinking,
+        seq = self.engine.add(prompt, params, thinking=thinking, embeds=embeds,
                               on_output=lambda s, new, reason: put((replies[s.index], new, reason, s.new_logprobs)))
         for reply, s in zip(replies, [seq, *seq.forks]):
             reply.seq = s

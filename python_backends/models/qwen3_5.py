@@ -8,8 +8,9 @@ A hybrid: `config.layer_types` makes each layer either
   with decay a_t = exp(g_t). Prefill runs it chunk-parallel, decode one step for all sequences.
 - "full_attention": softmax attention over the paged KV cache whose output is gated by
   sigmoid(gate) (q_proj yields query and gate), with q/k RMSNorm and partial rotary (the first
-  `partial_rotary_factor` of each head). Its mrope reduces to plain 1-D rope for text: all three
-  position components are the token's position, so every frequency sees that same position.
+  `partial_rotary_factor` of each head). Its mrope (layers.MRotaryEmbedding) reduces to plain 1-D
+  rope for text: all three position components are the token's position. A prompt with images or
+  video carries its own (time, height, width) positions (ar/prompt_embeds.py).
 All RMSNorms but the DeltaNet output norm are zero-centred (scale by 1 + weight).
 """
 from __future__ import annotations
