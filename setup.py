@@ -34,4 +34,7 @@ def packages() -> list[str]:
     return found
 
 
-setup(packages=packages(), package_dir=PACKAGE_DIRS)
+# files that are not Python but ship with a package (the proxy's playground page)
+PACKAGE_DATA = {"triton_omni.client.openai_proxy": ["playground/*.html", "playground/*.js", "playground/*.css"]}
+
+setup(packages=packages(), package_dir=PACKAGE_DIRS, package_data=PACKAGE_DATA)

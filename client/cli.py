@@ -1,6 +1,8 @@
 """`python -m triton_omni.client TASK ...`: one subcommand per task, outputs written to files.
 
     python -m triton_omni.client chat --model qwen3_chat "Write a haiku" -o answer.txt
+    python -m triton_omni.client chat --model qwen3_5_vl_chat --image cat.png "What is in the picture?"
+    python -m triton_omni.client embed --model vjepa2_embed --video clip.mp4 -o clip.npy
     python -m triton_omni.client speech --model orpheus_tts "Hello there" --voice tara -o hello.wav
     python -m triton_omni.client transcribe --model omniasr_ctc speech.mp3 --format srt -o speech.srt
     python -m triton_omni.client image --model z_image_turbo "a red fox" --size 512x512 -o fox.png
@@ -21,7 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from triton_omni.client.chat import ChatClient
+from triton_omni.client.embed import EmbedClient
 from triton_omni.client.image import ImageClient
+from triton_omni.client.progress import bar, shown
 from triton_omni.client.speech import FORMATS, SpeechClient
 from triton_omni.client.transcribe import FORMATS as TRANSCRIPT_FORMATS, TranscribeClient
 from triton_omni.client.video import VideoClient
@@ -33,28 +37,28 @@ def log(msg: str) -> None:
 
 @contextmanager
 def progress(what: str):
-    """Elapsed time on stderr while a long request runs (the models report no finer progress)."""
+    """Elapsed time (a tqdm bar, client/progress.py) while a long request runs; a log line when not
+    shown (not a terminal, or CI)."""
     stop = threading.Event()
     start = time.monotonic()
-    live = sys.stderr.isatty()
+    with bar(desc=f"[{what}]", unit="s", total=None) as ticks:
 
-    def tick():
-        while not stop.wait(0.5):
-            print(f"\r[{what}] {time.monotonic() - start:6.1f} s", end="", file=sys.stderr, flush=True)
+        def tick():
+            while not stop.wait(0.5):
+                ticks.update(0.5)
 
-    ticker = threading.Thread(target=tick, daemon=True)
-    if live:
-        ticker.start()
-    else:
-        log(f"[{what}] started")
-    try:
-        yield
-    finally:
-        stop.set()
-        if live:
-            ticker.join()
-            print("\r", end="", file=sys.stderr)
-        log(f"[{what}] done in {time.monotonic() - start:.1f} s")
+        ticker = threading.Thread(target=tick, daemon=True)
+        if shown():
+            ticker.start()
+        else:
+            log(f"[{what}] started")
+        try:
+            yield
+        finally:
+            stop.set()
+            if ticker.is_alive():
+                ticker.join()
+    log(f"[{what}] done in {time.monotonic() - start:.1f} s")
 
 
 def numbered(path: Path, i: int, n: int) -> Path:
@@ -70,15 +74,19 @@ def write(path: Path, data: bytes) -> None:
 
 # -- tasks ---------------------------------------------------------------------------------------
 def chat(args) -> int:
+    media = [{"type": "image"}] * len(args.image) + [{"type": "video"}] * len(args.video)
+    content = media + [{"type": "text", "text": args.prompt}] if media else args.prompt
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
-        [{"role": "user", "content": args.prompt}]
+        [{"role": "user", "content": content}]
     sampling = {k: v for k, v in {"max_tokens": args.max_tokens, "temperature": args.temperature,
                                   "top_p": args.top_p, "seed": args.seed, "stop": args.stop or None,
                                   "ignore_eos": args.ignore_eos or None}.items() if v is not None}
     client = ChatClient(args.url, timeout_s=args.timeout)
     parts, last = [], None
     start = time.monotonic()
-    for chunk in client.stream(args.model, messages=messages, sampling=sampling, stream=not args.no_stream):
+    for chunk in client.stream(args.model, messages=messages, sampling=sampling, stream=not args.no_stream,
+                               images=[p.read_bytes() for p in args.image], videos=[p.read_bytes() for p in args.video],
+                               mm_processor_kwargs={"fps": args.fps} if args.fps else None):
         print(chunk.text, end="", flush=True)
         parts.append(chunk.text)
         last = chunk
@@ -90,6 +98,24 @@ def chat(args) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("".join(parts))
         log(f"wrote {args.out}")
+    return 0
+
+
+def embed(args) -> int:
+    import numpy as np
+
+    client = EmbedClient(args.url, timeout_s=args.timeout)
+    if (args.text is None) == (args.video is None):
+        raise ValueError("give exactly one of --text or --video")
+    if args.text is not None:
+        vector, patches = client.text(args.model, args.text), None
+    else:
+        vector, patches = client.video(args.model, args.video.read_bytes(), args.frames)
+    log(f"[embed] {vector.shape[0]} dimensions" + (f", {patches.shape[0]} patch embeddings" if patches is not None else ""))
+    out = args.out or Path("embedding.npy")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.save(out, vector if patches is None or not args.patches else patches)
+    log(f"wrote {out}")
     return 0
 
 
@@ -232,7 +258,17 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     c.add_argument("--ignore-eos", action="store_true", help="generate max_tokens tokens whatever comes")
     c.add_argument("--no-stream", action="store_true", help="ask for the whole answer in one response")
+    c.add_argument("--image", type=Path, action="append", default=[], help="an image for a vision model (repeatable)")
+    c.add_argument("--video", type=Path, action="append", default=[], help="a video for a vision model (repeatable)")
+    c.add_argument("--fps", type=float, default=None, help="video frames sampled a second (the model's default)")
     c.set_defaults(run=chat)
+
+    m = sub.add_parser("embed", parents=[common], help="an embedding of a text or a video, saved as .npy")
+    m.add_argument("--text", default=None)
+    m.add_argument("--video", type=Path, default=None)
+    m.add_argument("--frames", type=int, default=None, help="frames sampled from the video (the model's default)")
+    m.add_argument("--patches", action="store_true", help="save the per-patch embeddings [N, D] instead")
+    m.set_defaults(run=embed)
 
     s = sub.add_parser("speech", parents=[common], help="text to speech, written to a file")
     s.add_argument("text")

@@ -1,7 +1,8 @@
 """Command line:
 
     python -m triton_omni.converters build [--models NAME ...] [--target cpu|gpu] [--out model_repository]
-                               [--checkpoint NAME=DIR ...] [--set NAME.STEP.PARAM=VALUE ...] [--no-verify]
+                               [--checkpoint NAME=DIR|hf:ORG/REPO[@REV] ...] [--set NAME.STEP.PARAM=VALUE ...]
+                               [--no-verify]
     python -m triton_omni.converters check      # the committed model_repository/ equals what `build` generates
     python -m triton_omni.converters tiny [--out checkpoints/tiny]   # tiny random checkpoints for demo and tests
 """
@@ -12,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from triton_omni.converters import hub
 from triton_omni.converters.generate import write_repository
 from triton_omni.converters.schema import ConfigError, EnsembleConfig, apply_override, load_ensemble
 from triton_omni.converters.verify import verify
@@ -33,15 +35,28 @@ def load_configs(names: list[str] | None, checkpoints: list[str], overrides: lis
     for item in checkpoints:
         name, _, folder = item.partition("=")
         if name not in by_name or not folder:
-            raise SystemExit(f"--checkpoint expects NAME=DIR with NAME one of {', '.join(by_name)}, got {item!r}")
-        by_name[name].checkpoint = str(Path(folder).expanduser().resolve())
+            raise SystemExit(f"--checkpoint expects NAME=DIR or NAME=hf:ORG/REPO[@REV] with NAME one of "
+                             f"{', '.join(by_name)}, got {item!r}")
+        by_name[name].checkpoint = local_checkpoint(by_name[name], folder)
     for item in overrides:
         key, _, value = item.partition("=")
         name, _, rest = key.partition(".")
         if name not in by_name or not rest or not _:
             raise SystemExit(f"--set expects NAME.KEY=VALUE with NAME one of {', '.join(by_name)}, got {item!r}")
+        if rest.endswith("checkpoint") and hub.is_hub(value):     # e.g. orpheus_tts.codec_checkpoint=hf:ORG/REPO
+            value = local_checkpoint(by_name[name], value)
         apply_override(by_name[name], rest, value)
     return configs
+
+
+def local_checkpoint(cfg: EnsembleConfig, value: str) -> str:
+    """A folder given on the command line, or `hf:ORG/REPO[@REV]` fetched into the local hub cache."""
+    if hub.is_hub(value):
+        try:
+            return hub.snapshot(value, cfg.hub.get("allow_patterns"))
+        except ValueError as e:
+            raise SystemExit(f"error: --checkpoint {cfg.name}: {e}") from None
+    return str(Path(value).expanduser().resolve())
 
 
 def tree(path: Path) -> dict[str, str]:
@@ -57,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--target", choices=["cpu", "gpu"], default="cpu")
     b.add_argument("--out", type=Path, default=REPO_DIR)
     b.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR",
-                   help="serve NAME from this Hugging Face folder (config.json + safetensors + tokenizer)")
+                   help="serve NAME from this Hugging Face folder (config.json + safetensors + tokenizer), or "
+                        "from hf:ORG/REPO[@REVISION], fetched into the hub cache ($HF_HOME; HF_HUB_OFFLINE=1: "
+                        "from the cache alone)")
     b.add_argument("--set", action="append", default=[], dest="overrides", metavar="NAME.STEP.PARAM=VALUE")
     b.add_argument("--no-verify", dest="verify", action="store_false",
                    help="write the repository without checking the checkpoints it names")

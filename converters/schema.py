@@ -17,6 +17,8 @@ step output of that name, else it becomes an input of the ensemble.
                                          # count: an int or {cpu: N, gpu: M}
         batching: {max_queue_delay_us: 500}
         parameters: {max_model_len: 2048, dtype: {cpu: float32, gpu: bfloat16}}
+        warmup: {batch_sizes: {cpu: [1], gpu: [1, 8]}}   # runtime/warmup.py's WarmupSpec; a model-level
+                                         # `warmup:` applies to every step, a step's own keys win
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import yaml
 
 from triton_omni.runtime.params import field_types, format_value, parse_value
 from triton_omni.runtime.step import STEPS, Step
+from triton_omni.runtime.warmup import WarmupSpec
 
 TARGETS = ("cpu", "gpu")
 
@@ -55,6 +58,7 @@ class StepConfig:
     parameters: dict[str, Any] = field(default_factory=dict)
     inputs_from: dict[str, str] = field(default_factory=dict)   # step input -> ensemble tensor name
     outputs_as: dict[str, str] = field(default_factory=dict)    # step output -> ensemble tensor name
+    warmup: dict[str, Any] = field(default_factory=dict)       # WarmupSpec keys; values may be {cpu: X, gpu: Y}
 
     @property
     def cls(self) -> type[Step]:
@@ -67,6 +71,40 @@ class StepConfig:
 def per_target(value: Any, target: str) -> int:
     """A count given as an int or as {cpu: N, gpu: M}, for one build target."""
     return int(value[target] if isinstance(value, dict) else value)
+
+
+def warmup_spec(raw: dict[str, Any], target: str) -> WarmupSpec:
+    """A YAML warmup mapping (per-target values resolved) as the spec a step gets; ValueError names the key."""
+    return WarmupSpec.parse({k: v[target] if isinstance(v, dict) else v for k, v in raw.items()})
+
+
+def _check_warmup(file, key: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if value is False:
+        return {"enabled": False}
+    _expect(file, key, value, dict, "a mapping or false")
+    for k, v in value.items():
+        if isinstance(v, dict) and set(v) != set(TARGETS):
+            raise ConfigError(file, f"{key}.{k}", "a per-target value needs exactly the keys cpu and gpu")
+    for target in TARGETS:
+        try:
+            warmup_spec(value, target)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(file, key, str(e)) from None
+    return value
+
+
+def _check_hub(file, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    _expect(file, "hub", value, dict, "a mapping")
+    _only_keys(file, "hub", value, {"repos", "allow_patterns"})
+    for key in ("repos", "allow_patterns"):
+        items = value.get(key, [])
+        if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
+            raise ConfigError(file, f"hub.{key}", f"expected a list of strings, got {items!r}")
+    return value
 
 
 def _check_count(file, key: str, value: Any) -> Any:
@@ -95,6 +133,10 @@ class EnsembleConfig:
     # response at 64 streams, results/ar_decode.md), 13.6k calling the ensemble without a front.
     # Triton spreads requests over idle instances. An int or {cpu: N, gpu: M}.
     front_instances: Any = field(default_factory=lambda: {"cpu": 1, "gpu": 16})
+    warmup: dict[str, Any] = field(default_factory=dict)      # every step's warmup defaults (StepConfig.warmup)
+    # the released Hugging Face repositories (`repos`, for the README) and which of their files the model
+    # loads (`allow_patterns`, for `--checkpoint NAME=hf:ORG/REPO`; default: converters/hub.py's)
+    hub: dict[str, Any] = field(default_factory=dict)
     # "unbatched": the front takes one request per call with inputs of shape [1] and no batch
     # dimension (max_batch_size 0), as Triton's vLLM backend models do, so that backend's clients and
     # genai-perf's vLLM mode call it unchanged; "batched" (default): [1, ...] like every step
@@ -105,6 +147,9 @@ class EnsembleConfig:
 
     def model_name(self, step: StepConfig) -> str:
         return f"{self.name}_{step.key}"
+
+    def warmup_spec(self, step: StepConfig, target: str) -> WarmupSpec:
+        return warmup_spec({**self.warmup, **step.warmup}, target)
 
     def resolved_parameters(self, step: StepConfig, target: str) -> dict[str, str]:
         """The step's parameters for a target, as config.pbtxt strings (defaults filled in)."""
@@ -160,7 +205,8 @@ def _parse_step(file, i: int, raw: Any) -> StepConfig:
                       max_batch_size=raw.get("max_batch_size"),
                       parameters=_expect(file, f"{where}.parameters", raw.get("parameters", {}) or {}, dict, "a mapping"),
                       inputs_from=_expect(file, f"{where}.inputs_from", raw.get("inputs_from", {}) or {}, dict, "a mapping"),
-                      outputs_as=_expect(file, f"{where}.outputs_as", raw.get("outputs_as", {}) or {}, dict, "a mapping"))
+                      outputs_as=_expect(file, f"{where}.outputs_as", raw.get("outputs_as", {}) or {}, dict, "a mapping"),
+                      warmup=_check_warmup(file, f"{where}.warmup", raw.get("warmup")))
     if step.max_batch_size is not None:
         _expect(file, f"{where}.max_batch_size", step.max_batch_size, int, "an integer")
     if step.cls.decoupled and batching is not None:
@@ -212,7 +258,9 @@ def load_ensemble(path: str | Path) -> EnsembleConfig:
         parameters=_expect(path, "parameters", raw.get("parameters", {}) or {}, dict, "a mapping"),
         outputs=_expect(path, "outputs", raw.get("outputs", []), list, "a list of tensor names"),
         steps=[_parse_step(path, i, s) for i, s in enumerate(steps_raw)],
-        openai=_expect(path, "openai", raw.get("openai", {}) or {}, dict, "a mapping"))
+        openai=_expect(path, "openai", raw.get("openai", {}) or {}, dict, "a mapping"),
+        warmup=_check_warmup(path, "warmup", raw.get("warmup")),
+        hub=_check_hub(path, raw.get("hub")))
     if "front_instances" in raw:
         cfg.front_instances = _check_count(path, "front_instances", raw["front_instances"])
     if "front_shape" in raw:
@@ -243,6 +291,12 @@ def apply_override(cfg: EnsembleConfig, dotted: str, value: str) -> None:
     if len(parts) == 1 and parts[0] == "front_instances":
         cfg.front_instances = int(value)
         return
+    if parts[-1] == "warmup" and len(parts) <= 2:       # `--set warmup=false`, `--set denoise.warmup={sizes: [...]}`
+        step = next((s for s in cfg.steps if s.key == parts[0]), None) if len(parts) == 2 else cfg
+        if step is None:
+            raise ConfigError(cfg.source, dotted, f"no step {parts[0]!r}")
+        step.warmup = _check_warmup(cfg.source, dotted, yaml.safe_load(value))
+        return
     if len(parts) == 1 and any(parts[0] in field_types(s.cls.Params) for s in cfg.steps):
         cfg.parameters[parts[0]] = yaml.safe_load(value)
         return
@@ -260,4 +314,5 @@ def apply_override(cfg: EnsembleConfig, dotted: str, value: str) -> None:
         _check_parameters(cfg.source, f"steps.{step.key}", step)
         return
     raise ConfigError(cfg.source, dotted, "override keys are <step>.<parameter>, <step>.count, <step>.kind, "
-                                          "<step>.max_queue_delay_us, a shared <parameter>, max_batch_size or front_instances")
+                                          "<step>.max_queue_delay_us, <step>.warmup, a shared <parameter>, "
+                                          "max_batch_size, front_instances or warmup")

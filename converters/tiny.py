@@ -30,13 +30,15 @@ def builders() -> dict:
     from triton_omni.converters.tiny_higgs import BUILDERS as HIGGS
     from triton_omni.converters.tiny_image import BUILDERS as IMAGE
     from triton_omni.converters.tiny_joyimage import BUILDERS as JOYIMAGE
+    from triton_omni.converters.tiny_moe import BUILDERS as MOE
     from triton_omni.converters.tiny_omnivoice import BUILDERS as OMNIVOICE
     from triton_omni.converters.tiny_qwen3_tts import BUILDERS as QWEN3_TTS
     from triton_omni.converters.tiny_tts import BUILDERS as TTS
     from triton_omni.converters.tiny_video import BUILDERS as VIDEO
+    from triton_omni.converters.tiny_vision import BUILDERS as VISION
 
-    return {**CHAT, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **ASR, **VIDEO,
-            **HIGGS}
+    return {**CHAT, **MOE, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **ASR,
+            **VIDEO, **VISION, **HIGGS}
 
 
 def _stamp(builder) -> str:
@@ -49,9 +51,12 @@ def _stamp(builder) -> str:
 def build(root: str | Path, names: list[str] | None = None) -> dict[str, Path]:
     """Build (or reuse) tiny checkpoints under root/<name>; returns name -> folder."""
     root = Path(root)
+    from triton_omni.client.progress import bar
+
     table = builders()
     done = {}
-    for name in names or list(table):
+    for name in (steps := bar(names or list(table), desc="tiny checkpoints", unit="checkpoint")):
+        steps.set_postfix_str(name)
         out = root / name
         stamp = out / ".tiny-version"
         if not (stamp.exists() and stamp.read_text() == _stamp(table[name])):

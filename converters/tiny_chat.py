@@ -1,10 +1,9 @@
 """Tiny random chat checkpoints (Qwen3, Qwen3.5) with the project's ChatML tokenizer (see converters/tiny.py)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from triton_omni.converters.tiny_common import CHAT_MARKERS, build_tokenizer, randomize
+from triton_omni.converters.tiny_common import chat_builder, quiet_markers, randomize
 
 
 def qwen3(out: Path, tokenizer) -> None:
@@ -37,25 +36,4 @@ def qwen3_5(out: Path, tokenizer) -> None:
     model.save_pretrained(str(out))
 
 
-def quiet_markers(model, tokenizer) -> None:
-    """Near-zero embeddings (and so, tied, logits) for the reasoning / tool-call markers: random
-    weights then never open or close reasoning or a tool call by themselves (plain chat stays plain
-    content); a request's reasoning budget or a tool-call grammar still produces them."""
-    import torch
-
-    ids = [tokenizer.convert_tokens_to_ids(m) for m in CHAT_MARKERS]
-    with torch.no_grad():
-        model.get_input_embeddings().weight[ids] *= 0.01
-
-
-def _chat_builder(make):
-    """A chat checkpoint: the tiny tokenizer (with Qwen's markers), the model, an EOS-aware generation config."""
-    def build(out: Path) -> None:
-        tokenizer = build_tokenizer(out, chat_markers=True)
-        make(out, tokenizer)
-        gen = {"eos_token_id": [tokenizer.eos_token_id, tokenizer.pad_token_id]}
-        (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    return build
-
-
-BUILDERS: dict = {"qwen3": _chat_builder(qwen3), "qwen3_5": _chat_builder(qwen3_5)}
+BUILDERS: dict = {"qwen3": chat_builder(qwen3), "qwen3_5": chat_builder(qwen3_5)}

@@ -80,6 +80,26 @@ def build_tokenizer(out: Path, chat_markers: bool = False):
     return fast
 
 
+def chat_builder(make):
+    """A chat checkpoint's builder: the tiny tokenizer (with Qwen's markers), the model `make(out,
+    tokenizer)` writes, an EOS-aware generation config."""
+    def build(out: Path) -> None:
+        tokenizer = build_tokenizer(out, chat_markers=True)
+        make(out, tokenizer)
+        gen = {"eos_token_id": [tokenizer.eos_token_id, tokenizer.pad_token_id]}
+        (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return build
+
+
+def quiet_markers(model, tokenizer) -> None:
+    """Near-zero embeddings (and so, tied, logits) for the reasoning / tool-call markers: random
+    weights then never open or close reasoning or a tool call by themselves (plain chat stays plain
+    content); a request's reasoning budget or a tool-call grammar still produces them."""
+    ids = [tokenizer.convert_tokens_to_ids(m) for m in CHAT_MARKERS]
+    with torch.no_grad():
+        model.get_input_embeddings().weight[ids] *= 0.01
+
+
 def randomize(model: torch.nn.Module, seed: int, std: float = 0.25) -> torch.nn.Module:
     """Seeded weights, norms near 1 and the rest large enough that greedy decoding wanders instead of
     repeating one token, and that different prompts give visibly different hidden states (default

@@ -259,6 +259,29 @@ def check_chat_config(folder: Path, report: Report) -> None:
     check_chat(folder, report, weights=False)
 
 
+def check_qwen3_5_vl(folder: Path, report: Report, weights: bool = True) -> None:
+    """Qwen3.5 with its vision tower (vision/qwen3_5_vl/): config, tokenizer, the processor's config, and
+    the tower's tensors against our tower class (the AR step's check covers the language model's)."""
+    from triton_omni.vision.qwen3_5_vl.steps import build_tower
+
+    config = check_config(folder, report, ["qwen3_5"])
+    check_tokenizer(folder, report)
+    processor = read_json(folder / "preprocessor_config.json", report, " (the image processor's settings)")
+    tensors = safetensors_weights(folder, "model", report) if weights else None
+    if config is not None and processor is not None and tensors is not None:
+        check_loads(lambda: build_tower(folder), folder, tensors, report)
+
+
+def check_vjepa2(folder: Path, report: Report, weights: bool = True) -> None:
+    """A V-JEPA2 folder (vision/vjepa2/): config and the encoder's tensors against our encoder class."""
+    from triton_omni.vision.vjepa2.steps import build_encoder
+
+    config = check_config(folder, report, ["vjepa2"])
+    tensors = safetensors_weights(folder, "model", report) if weights else None
+    if config is not None and tensors is not None:
+        check_loads(lambda: build_encoder(folder), folder, tensors, report)
+
+
 def check_snac(folder: Path, report: Report) -> None:
     read_json(folder / "config.json", report)
     if (folder / "model.safetensors").exists() or not (folder / "pytorch_model.bin").exists():
@@ -474,7 +497,12 @@ FAMILIES: dict[str, dict[str, Kind]] = {
                                                                   DIFFUSERS + ("processor",)))},
     "triton_omni.image.joyimage.": {"checkpoint": Kind(pipeline(("JoyImageEditPipeline",), DIFFUSERS + ("processor",)))},
     "triton_omni.video.wan.": {"checkpoint": Kind(check_wan)},
+    "triton_omni.vision.qwen3_5_vl.": {"checkpoint": Kind(check_qwen3_5_vl)},
+    "triton_omni.vision.vjepa2.": {"checkpoint": Kind(check_vjepa2)},
 }
+# a step that reads configs alone, or serves random weights (load_format dummy): the check without weights
+CONFIG_ONLY = {check_chat: check_chat_config, check_qwen3_5_vl: lambda f, r: check_qwen3_5_vl(f, r, weights=False),
+               check_vjepa2: lambda f, r: check_vjepa2(f, r, weights=False)}
 
 
 def exists_only(path: Path, report: Report) -> None:
@@ -503,16 +531,17 @@ def checkpoint_uses(cfg: EnsembleConfig, target: str) -> dict[tuple[Path | None,
             if key != "checkpoint" and not key.endswith("_checkpoint"):
                 continue
             kind = kinds.get(key, Kind(exists_only))
-            if kind.check is check_chat and params.get("load_format", "dummy") == "dummy":
-                kind = Kind(check_chat_config)      # a step that reads the tokenizer alone, or serves random weights
+            if kind.check in CONFIG_ONLY and params.get("load_format", "dummy") == "dummy":
+                kind = Kind(CONFIG_ONLY[kind.check])    # a step that reads the tokenizer alone, or serves random weights
             if not value and key != "checkpoint":
                 if not kind.default or not params.get("checkpoint"):
                     continue
                 value = str(resolve(params["checkpoint"]) / kind.default)
             uses.setdefault((resolve(value) if value else None, kind.check), key)
-    # the whole chat check covers the pre and post steps' part of it
+    # the whole check covers the pre and post steps' part of it
+    lighter = {light: full for full, light in CONFIG_ONLY.items()}
     return {(path, check): key for (path, check), key in uses.items()
-            if not (check is check_chat_config and (path, check_chat) in uses)}
+            if not (check in lighter and (path, lighter[check]) in uses)}
 
 
 def verify(configs: list[EnsembleConfig], target: str = "cpu") -> list[str]:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from triton_omni.kernels import (attention_reference, fp8_matmul_reference, fp8_scaled_mm, gated_delta_reference,
-                                 norms_reference)
+                                 moe_reference, norms_reference)
 
 # ------------------------------------------------------------------ switches (read once, at import)
 
@@ -70,8 +70,9 @@ def routed(module: str, kernel: str | None = None, applies=None):
     return wrap
 
 
-NORMS, DECODE_MATMUL, ATTENTION, GATED_DELTA, FP8_MATMUL = (
-    f"triton_omni.kernels.{family}" for family in ("norms", "decode_matmul", "attention", "gated_delta", "fp8_matmul"))
+NORMS, DECODE_MATMUL, ATTENTION, GATED_DELTA, FP8_MATMUL, MOE = (
+    f"triton_omni.kernels.{family}" for family in ("norms", "decode_matmul", "attention", "gated_delta", "fp8_matmul",
+                                                   "moe"))
 
 rms_norm = routed(NORMS)(norms_reference.rms_norm)
 silu_and_mul = routed(NORMS)(norms_reference.silu_and_mul)
@@ -81,6 +82,8 @@ paged_decode_attention = routed(ATTENTION)(attention_reference.paged_decode_atte
 causal_conv1d_prefill = routed(GATED_DELTA)(gated_delta_reference.causal_conv1d_prefill)
 causal_conv1d_update = routed(GATED_DELTA)(gated_delta_reference.causal_conv1d_update)
 gated_delta_decode = routed(GATED_DELTA)(gated_delta_reference.gated_delta_decode)
+# a sparse MoE block after its router matmul: routing, the experts, the shared expert (kernels/moe.py)
+sparse_moe = routed(MOE)(moe_reference.sparse_moe)
 
 
 def _one_16bit_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -116,6 +119,12 @@ def norm_linear(x, residual, norm_weight, eps, zero_centered, weight, bias=None)
         return linear(rms_norm(x, norm_weight, eps, None, zero_centered), weight, bias), x
     h, residual = rms_norm(x, norm_weight, eps, residual, zero_centered)
     return linear(h, weight, bias), residual
+
+
+def folds_norm(x, norm_weight, weight) -> bool:
+    """Whether norm_linear(x, ...) with these weights folds the norm into its matmul on this call (so a
+    caller that needs the normalised input too can leave the norm to the next kernel as well)."""
+    return _enabled and x.is_cuda and _norm_folds(x, None, norm_weight, 0.0, False, weight)
 
 
 # --- FP8 weights (E4M3 values and float32 scales, kernels/fp8_matmul_reference.py; models/quant.py makes them)

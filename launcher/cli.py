@@ -3,7 +3,7 @@
     triton-omni build | check | tiny ...     the converter (ensemble YAMLs -> model repository, tiny checkpoints)
     triton-omni setup | serve ...            the launcher (the real tritonserver)
     triton-omni proxy ...                    the OpenAI-compatible proxy
-    triton-omni chat | speech | transcribe | image | edit | video ...   the client, over Triton's gRPC
+    triton-omni chat | embed | speech | transcribe | image | edit | video ...   the client, over Triton's gRPC
 
 `python -m triton_omni.converters build ...` and the like work the same.
 """
@@ -18,7 +18,7 @@ VERBS = {
     "tiny": "triton_omni.converters.__main__",
     "setup": "triton_omni.launcher.__main__", "serve": "triton_omni.launcher.__main__",
     "proxy": "triton_omni.client.openai_proxy.__main__",
-    **{v: "triton_omni.client.cli" for v in ("chat", "speech", "transcribe", "image", "edit", "video")},
+    **{v: "triton_omni.client.cli" for v in ("chat", "embed", "speech", "transcribe", "image", "edit", "video")},
 }
 
 

@@ -25,6 +25,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from triton_omni.client.progress import bar
+
 PY_MINOR = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -185,12 +187,14 @@ class TritonServer:
         self.proc = subprocess.Popen(self.command(install), env=server_env(install), stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with code {self.proc.returncode}{self._log_tail()}")
-            if self._ready():
-                return self
-            time.sleep(0.25)
+        with bar(desc="tritonserver: loading and warming up", unit="poll") as waiting:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"tritonserver exited with code {self.proc.returncode}{self._log_tail()}")
+                if self._ready():
+                    return self
+                time.sleep(0.25)
+                waiting.update()
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s{self._log_tail()}")
 

@@ -1,10 +1,10 @@
 """The benchmarks' result files, written one way: `results/NAME.json` holds every row (each naming the
 command that made it), the run's facts (GPU, versions, settings) and notes; the pages are generated
 from it. `results/NAME.md` opens with the table of the rows of the current defaults and the commands
-that made them; `results/NAME_notes.md` holds the other rows (retired defaults, variants tried) and
+that made them, and a picture of them (`results/NAME.png`, when the page says how to plot it); `results/NAME_notes.md` holds the other rows (retired defaults, variants tried) and
 the notes on how the numbers came about. Also: combining the files of a run split in parts.
 
-    python -m perf_analyzer_configs.results                 # regenerate every page from its JSON
+    python -m perf_analyzer_configs.results                 # regenerate every page (and picture) from its JSON
     python -m perf_analyzer_configs.results ar_decode tts   # some of them
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # results/NAME.json -> the benchmark whose PAGE renders it
 BENCHMARKS = {"ar_decode": "bench_ar_decode", "asr": "bench_asr", "chat_features": "bench_chat_features",
               "decode_matmul": "bench_decode_matmul", "decode_matmul_fp8": "bench_decode_matmul", "image": "bench_image",
-              "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec",
-              "video": "bench_video"}
+              "proxy": "bench_proxy", "tts": "bench_tts", "tts_codec_calls": "bench_qwen3_tts_codec",
+              "video": "bench_video", "vision": "bench_vision"}
 
 
 @dataclass
@@ -40,6 +40,21 @@ def column(header: str, key: str, fmt: str = "", numeric: bool = True) -> Column
 
 
 @dataclass
+class Plot:
+    """How a benchmark's current rows draw: one panel per (y key, axis label) of `panels` (throughput,
+    latency), a line per `series(row)` (ours against the baseline) over `x` (concurrency, log 2), one
+    row of panels per `facet(row)` (a model, a size). `bars`: the x values are categories instead, each
+    panel's series its `bars` [(y key, label)] side by side (rows without a concurrency)."""
+    panels: list[tuple[str, str]]
+    series: Callable[[dict], str] = lambda r: r.get("mode", "")
+    facet: Callable[[dict], str] = lambda r: r.get("model", "")
+    x: str = "concurrency"
+    x_label: str = "concurrency"
+    bars: list[tuple[str, str]] | None = None
+    category: Callable[[dict], str] = lambda r: ""
+
+
+@dataclass
 class Page:
     """How a benchmark's JSON reads as Markdown."""
     title: str
@@ -49,6 +64,7 @@ class Page:
     after: Callable[[list[dict], dict], list[str]] = lambda rows, data: []   # under the current table
     current: Callable[[dict], bool] = lambda row: True      # a row of the current defaults
     order: Callable[[dict], tuple] | None = None            # of the current table's rows
+    plot: Plot | None = None                                # results/NAME.png of the current rows
 
 
 def this_command() -> str:
@@ -101,6 +117,8 @@ def render(path: Path, page: Page, data: dict) -> None:
              f"The rows of the current defaults. Each row's `run` is the command that made it (rerun as "
              f"`python -m {page.module}` with its arguments):", "", *numbered(commands), "",
              *page.intro(data), "", *table(page, current, commands), ""]
+    if page.plot is not None and draw(path.with_suffix(".png"), page, current, data):
+        lines += [f"![{page.title}]({path.stem}.png)", ""]
     lines += [*page.after(current, data), ""]
     if others or data.get("notes"):
         lines.append(f"Other configurations measured and notes on how these numbers came about: "
@@ -119,6 +137,58 @@ def render(path: Path, page: Page, data: dict) -> None:
     if data.get("notes"):
         out += ["", "## Notes", "", *[f"- {n}" for n in data["notes"]]]
     notes_path.write_text("\n".join(out) + "\n")
+
+
+def draw(png: Path, page: Page, rows: list[dict], data: dict) -> bool:
+    """results/NAME.png of `rows` as `page.plot` says; False (and no picture) without matplotlib, which
+    a GPU machine may lack: regenerate the pictures elsewhere with `python -m perf_analyzer_configs.results`."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: {png.name} not drawn", file=sys.stderr)
+        return png.exists()
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plot = page.plot
+    facets = list(dict.fromkeys(plot.facet(r) for r in rows)) or [""]
+    fig, axes = plt.subplots(len(facets), len(plot.panels), squeeze=False,
+                             figsize=(5.2 * len(plot.panels), 3.6 * len(facets)))
+    for i, facet in enumerate(facets):
+        mine = [r for r in rows if plot.facet(r) == facet]
+        for j, (key, label) in enumerate(plot.panels):
+            ax = axes[i][j]
+            if plot.bars:
+                _bars(ax, plot, mine)
+            else:
+                for name in dict.fromkeys(plot.series(r) for r in mine):
+                    pts = sorted((r[plot.x], r[key]) for r in mine if plot.series(r) == name and r.get(key) is not None)
+                    if pts:
+                        ax.plot(*zip(*pts), marker="o", label=name)
+                ax.set_xscale("log", base=2)
+                xs = sorted({r[plot.x] for r in mine if r.get(plot.x) is not None})
+                ax.set_xticks(xs, [f"{x:g}" for x in xs])
+                ax.minorticks_off()
+                ax.set_xlabel(plot.x_label)
+            ax.set_ylabel(label if not plot.bars else plot.panels[j][1])
+            ax.set_title(f"{facet}: {label}" if facet else label, fontsize=10)
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+    fig.suptitle(f"{page.title} ({data.get('gpu', '?')})", fontsize=11)
+    fig.tight_layout()
+    # no timestamps in the file: a picture regenerated from the same JSON is the same bytes
+    fig.savefig(png, dpi=80, metadata={"Software": None})
+    plt.close(fig)
+    return True
+
+
+def _bars(ax, plot: Plot, rows: list[dict]) -> None:
+    cats = [plot.category(r) for r in rows]
+    width = 0.8 / len(plot.bars)
+    for k, (key, label) in enumerate(plot.bars):
+        ax.bar([i + k * width for i in range(len(rows))], [r.get(key, 0) for r in rows], width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], cats, rotation=45, ha="right", fontsize=7)
 
 
 def merge_parts(paths: list[Path], key: tuple[str, ...], notes: list[str] | None = None):

@@ -24,7 +24,8 @@ from triton_omni.launcher.triton import has_gpu
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--chat-model", default="qwen3_chat", choices=["qwen3_chat", "qwen3_5_chat"])
+    ap.add_argument("--chat-model", default="qwen3_chat",
+                    choices=["qwen3_chat", "qwen3_5_chat", "qwen3_moe_chat", "qwen3_5_moe_chat"])
     ap.add_argument("--speech-model", default="orpheus_tts")
     ap.add_argument("--image-model", default="z_image_turbo", choices=["z_image_turbo", "flux2_klein"])
     ap.add_argument("--video-model", default="wan2_2_ti2v", choices=["wan2_2_ti2v", "wan2_2_t2v_a14b"])

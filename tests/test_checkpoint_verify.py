@@ -16,11 +16,13 @@ from safetensors.torch import load_file, save_file
 from triton_omni.converters.__main__ import main
 
 # ensemble -> the tiny checkpoint its `checkpoint` names
-ENSEMBLES = {"qwen3_chat": "qwen3", "qwen3_5_chat": "qwen3_5", "orpheus_tts": "orpheus", "kokoro_tts": "kokoro",
+ENSEMBLES = {"qwen3_chat": "qwen3", "qwen3_5_chat": "qwen3_5", "qwen3_moe_chat": "qwen3_moe",
+             "qwen3_5_moe_chat": "qwen3_5_moe", "orpheus_tts": "orpheus", "kokoro_tts": "kokoro",
              "qwen3_tts": "qwen3_tts", "qwen3_tts_base": "qwen3_tts_base", "fish_s2_tts": "fish_s2",
              "chatterbox_tts": "chatterbox", "omnivoice_tts": "omnivoice", "z_image_turbo": "z_image_turbo",
              "flux2_klein": "flux2_klein", "qwen_image_edit": "qwen_image_edit",
-             "joyai_image_edit": "joyai_image_edit", "bagel": "bagel", "omniasr_ctc": "omniasr_ctc"}
+             "joyai_image_edit": "joyai_image_edit", "bagel": "bagel", "omniasr_ctc": "omniasr_ctc",
+             "qwen3_5_vl_chat": "qwen3_5_vl", "vjepa2_embed": "vjepa2", "qwen3_embed": "qwen3_embedding"}
 
 
 @pytest.fixture
@@ -102,7 +104,8 @@ def header_past_the_end(folder: Path) -> None:
 BROKEN = [
     ("missing config", "qwen3", "qwen3_chat", remove("config.json"), "config.json", "missing"),
     ("unsupported model_type", "qwen3", "qwen3_chat", set_json("config.json", model_type="gpt2"), "config.json",
-     "model_type 'gpt2' is not supported here; supported: llama, qwen3, qwen3_5, qwen3_5_text"),
+     "model_type 'gpt2' is not supported here; supported: llama, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
+     "qwen3_5_text, qwen3_moe"),
     ("missing weights", "qwen3", "qwen3_chat", remove("model.safetensors"), "model.safetensors",
      "missing: the folder has no weights (model.safetensors or model.safetensors.index.json)"),
     ("truncated safetensors", "qwen3", "qwen3_chat", truncate("model.safetensors", 100), "model.safetensors",
@@ -128,6 +131,10 @@ BROKEN = [
     ("kokoro config without vocab", "kokoro", "kokoro_tts", set_json("config.json", vocab=None), "config.json",
      "has no vocab"),
     ("bagel without autoencoder", "bagel", "bagel", remove("ae.safetensors"), "ae.safetensors", "missing"),
+    ("vision model without its image processor", "qwen3_5_vl", "qwen3_5_vl_chat", remove("preprocessor_config.json"),
+     "preprocessor_config.json", "missing (the image processor's settings)"),
+    ("video encoder of another type", "vjepa2", "vjepa2_embed", set_json("config.json", model_type="vit"), "config.json",
+     "model_type 'vit' is not supported here; supported: vjepa2"),
 ]
 
 
@@ -266,3 +273,11 @@ def test_omniasr_ctc_missing_tensor_and_other_model_type(tmp_path, capsys, copy)
           "checkpoint lacks 1 parameter(s), e.g. ['encoder.layers.1.attention.qkv_proj.weight']")
     edit_json(folder / "config.json", model_type="wav2vec2")
     fails(tmp_path, capsys, "omniasr_ctc", folder, "config.json", "model_type 'wav2vec2' is not supported here")
+
+
+def test_vision_tower_tensor_with_the_wrong_shape(tmp_path, capsys, copy):
+    folder = copy("qwen3_5_vl")
+    edit_tensors(folder / "model.safetensors",
+                 lambda t: t.update({"model.visual.merger.linear_fc2.weight": torch.zeros(3, 3)}))
+    fails(tmp_path, capsys, "qwen3_5_vl_chat", folder, "model.safetensors",
+          "model.visual.merger.linear_fc2.weight: checkpoint shape (3, 3) != model (64, 128)")

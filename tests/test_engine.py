@@ -215,11 +215,13 @@ def test_auto_stream_interval_sends_the_first_tokens_at_once_then_groups_by_load
     import threading
     from types import SimpleNamespace
 
+    from triton_omni.ar.request_metrics import ARRequestMetrics
     from triton_omni.ar.step import STREAMS_PER_TOKEN, ARDecode, ARParams, Reply
     from triton_omni.text.stream import TokenStream
 
     step = object.__new__(ARDecode)
     step.params, step.live_lock, step.requests_finished = ARParams(stream_interval=0), threading.Lock(), 0
+    step.request_metrics = ARRequestMetrics("test")        # no-ops outside the server
     sent = []
 
     def reply():

@@ -23,9 +23,10 @@ from tests.conftest import ROOT
 MAPPED = {"python_backends": "triton_omni", "kernels": "triton_omni.kernels", "client": "triton_omni.client",
           "converters": "triton_omni.converters", "launcher": "triton_omni.launcher"}
 # folders whose subpackages are model families: a family imports shared modules, never a sibling
-FAMILY_PARENTS = ["python_backends/tts", "python_backends/image", "python_backends/asr", "python_backends/video"]
+FAMILY_PARENTS = ["python_backends/tts", "python_backends/image", "python_backends/asr", "python_backends/video",
+                  "python_backends/vision"]
 # categories of models: each imports the shared modules (diffusion/, media/, runtime/, ...), never another category
-CATEGORIES = ["tts", "image", "asr", "video"]
+CATEGORIES = ["tts", "image", "asr", "video", "vision"]
 # what client/ must never import: every python_backends package (the serving steps), the kernels,
 # the converter, and the heavy libraries they pull in
 SERVING = sorted({f"triton_omni.{p.stem}" for p in (ROOT / "python_backends").iterdir()

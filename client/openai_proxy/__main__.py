@@ -38,6 +38,9 @@ def parser() -> argparse.ArgumentParser:
                     help="send CORS headers for browser calls from this origin ('*': any; repeatable; default: "
                          "no CORS headers)")
     ap.add_argument("--voices-dir", type=Path, default=None, help="keep uploaded voices here (default: memory)")
+    ap.add_argument("--allow-media-urls", action="store_true",
+                    help="fetch http(s) image and video URLs of chat messages and embedding inputs (default: only "
+                         "base64 data: URLs; at most --max-upload-bytes each)")
     ap.add_argument("--log-level", default="info")
     return ap
 
@@ -49,7 +52,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
                     max_body_bytes=args.max_body_bytes, max_upload_bytes=args.max_upload_bytes,
                     max_text_chars=args.max_text_chars, rate_limit_per_minute=args.rate_limit,
                     rate_limit_burst=args.rate_limit_burst, cors_origins=tuple(args.cors_origin),
-                    voices_dir=args.voices_dir, request_timeout_s=args.request_timeout)
+                    voices_dir=args.voices_dir, request_timeout_s=args.request_timeout,
+                    allow_media_urls=args.allow_media_urls)
 
 
 def main(argv: list[str] | None = None) -> int:

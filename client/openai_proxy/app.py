@@ -11,7 +11,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 
-from triton_omni.client.openai_proxy import audio, chat, completions, images, transcriptions, videos
+from triton_omni.client.openai_proxy import (audio, chat, completions, embeddings, images, metrics, playground,
+                                          transcriptions, videos)
 from triton_omni.client.openai_proxy.context import Proxy, Settings, proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, install
 from triton_omni.client.openai_proxy.guards import KeyRing, RateLimiter, add_cors, guard
@@ -57,6 +58,8 @@ def create_app(settings: Settings) -> FastAPI:
                                      if settings.rate_limit_per_minute > 0 else None))
     install(app)
     add_cors(app, settings.cors_origins)
+    metrics.install(app)               # GET /metrics, and the timing of every request
+    app.include_router(playground.router)   # GET /playground: a page that calls the routes below
 
     @app.exception_handler(ClientGone)
     async def client_gone(request: Request, exc: ClientGone):
@@ -71,6 +74,6 @@ def create_app(settings: Settings) -> FastAPI:
 
     secured = [Depends(guard)]
     for router in (models_router, chat.router, completions.router, audio.router, transcriptions.router,
-                   images.router, videos.router):
+                   images.router, videos.router, embeddings.router):
         app.include_router(router, dependencies=secured)
     return app

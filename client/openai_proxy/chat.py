@@ -20,6 +20,7 @@ from triton_omni.client.openai_proxy.chat_fields import param_mapper, sampling_p
 from triton_omni.client.openai_proxy.context import proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, bad_field, missing
 from triton_omni.client.openai_proxy.fields import Fields, json_body, shown
+from triton_omni.client.openai_proxy.media import content_parts
 from triton_omni.client.openai_proxy.sse import DONE, event, sse_response
 from triton_omni.client.openai_proxy.triton import ClientGone, first_response
 from triton_omni.client.tensors import first, text
@@ -30,16 +31,18 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 UNSUPPORTED = ("functions", "function_call", "audio", "prediction")
 
 
-def parse_messages(body: Fields, max_chars: int) -> list[dict]:
+async def parse_messages(body: Fields, max_chars: int, allow_urls: bool = False,
+                         max_media_bytes: int = 0) -> tuple[list[dict], dict[str, list[bytes]]]:
     """The messages, their text joined, an assistant's tool_calls and reasoning_content and a tool
-    result's tool_call_id kept; refused past `max_chars` characters in all (the prompt the model
-    would tokenize), before anything is sent."""
+    result's tool_call_id kept; refused past `max_chars` characters of text in all (the prompt the
+    model would tokenize), before anything is sent. A message with images or videos keeps its parts,
+    the media's bytes going to the model's `images` / `videos` inputs (media.py)."""
     raw = body.raw("messages")
     if raw is None:
         raise missing("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_field("messages", "expected a non-empty list of messages")
-    out, chars = [], 0
+    out, chars, media = [], 0, {}
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -48,17 +51,16 @@ def parse_messages(body: Fields, max_chars: int) -> list[dict]:
             raise bad_field(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {shown(m.get('role'))}")
         content = m.get("content")
         if isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_field(f"{where}.content[{j}]", "only text content parts are supported")
-                parts.append(part["text"])
-            content = "".join(parts)
+            parts, n = await content_parts(content, where, allow_urls, max_media_bytes, media)
+            texts_only = all(p["type"] == "text" for p in parts)
+            content = "".join(p["text"] for p in parts) if texts_only else parts
         elif content is None:
-            content = ""
+            content, n = "", 0
         elif not isinstance(content, str):
-            raise bad_field(f"{where}.content", "expected a string or a list of text parts")
-        chars += len(content)
+            raise bad_field(f"{where}.content", "expected a string or a list of content parts")
+        else:
+            n = len(content)
+        chars += n
         if chars > max_chars:
             raise bad_field("messages", f"the messages have more than {max_chars} characters in all")
         msg = {"role": m["role"], "content": content}
@@ -66,7 +68,7 @@ def parse_messages(body: Fields, max_chars: int) -> list[dict]:
             if m.get(key) is not None:
                 msg[key] = m[key]
         out.append(msg)
-    return out
+    return out, media
 
 
 def check_unsupported(body: Fields) -> None:
@@ -95,7 +97,9 @@ async def chat_completions(request: Request):
     proxy = proxy_of(request)
     body = await json_body(request)
     model_name = body.string("model", required=True)
-    messages = parse_messages(body, proxy.settings.max_text_chars)
+    settings = proxy.settings
+    messages, media = await parse_messages(body, settings.max_text_chars, settings.allow_media_urls,
+                                           settings.max_upload_bytes)
     sampling, names = sampling_parameters(body)
     check_unsupported(body)
     stream = body.boolean("stream", default=False)
@@ -103,10 +107,18 @@ async def chat_completions(request: Request):
     template_kwargs = body.raw("chat_template_kwargs")
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise bad_field("chat_template_kwargs", "expected an object")
+    mm_kwargs = body.raw("mm_processor_kwargs")           # vLLM's extension, e.g. {"fps": 2}
+    if mm_kwargs is not None and not isinstance(mm_kwargs, dict):
+        raise bad_field("mm_processor_kwargs", "expected an object")
     model = await proxy.models.resolve("chat", model_name)
+    for kind in media:
+        if f"{kind}s" not in model.inputs:
+            raise bad_field("messages", f"the model '{model.name}' takes no {kind}s (only text content parts)")
 
     values = {"messages": (messages, "BYTES"), "sampling_parameters": (sampling or None, "BYTES"),
-              "stream": (stream, "BOOL"), "chat_template_kwargs": (template_kwargs, "BYTES"), **tool_inputs(body)}
+              "stream": (stream, "BOOL"), "chat_template_kwargs": (template_kwargs, "BYTES"), **tool_inputs(body),
+              "images": (media.get("image"), "BYTES"), "videos": (media.get("video"), "BYTES"),
+              "mm_processor_kwargs": (mm_kwargs, "BYTES")}
     replies = proxy.gateway.stream(model.name, values, request.is_disconnected, param_mapper(names),
                                    batched=model.batched)
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model.name}

@@ -23,6 +23,7 @@ class Settings:
     voices_dir: Path | None = None          # uploaded voices survive restarts when set
     request_timeout_s: float = 600.0        # a whole Triton request (stream) ends with 504 past this
     max_video_jobs: int = 64                # video jobs kept (finished ones dropped oldest first); 429 when all run
+    allow_media_urls: bool = False          # fetch http(s) image / video URLs of chat and embedding requests
 
 
 @dataclass

@@ -89,10 +89,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 async def json_body(request: Request) -> "Fields":
     await _require_type(request, "application/json")
     settings = proxy_of(request).settings
-    return parse_json(await read_body(request, settings.max_body_bytes), settings.max_text_chars)
+    return parse_json(await read_body(request, settings.max_body_bytes), settings.max_text_chars,
+                      settings.max_body_bytes)
 
 
-def parse_json(raw: bytes, max_text_chars: int) -> "Fields":
+def parse_json(raw: bytes, max_text_chars: int, max_data_url_chars: int | None = None) -> "Fields":
     """A JSON body, its shape checked (`check_shape`)."""
     try:
         data = json.loads(raw, parse_int=_int_or_huge)
@@ -102,7 +103,7 @@ def parse_json(raw: bytes, max_text_chars: int) -> "Fields":
         raise ProxyError(400, f"the body is nested deeper than {MAX_DEPTH} levels", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ProxyError(400, "the body must be a JSON object", code="invalid_json")
-    check_shape(data, max_text_chars)
+    check_shape(data, max_text_chars, max_data_url_chars)
     return Fields(data)
 
 
@@ -140,17 +141,19 @@ def _int_or_huge(literal: str) -> int | HugeInt:
     return int(literal) if len(literal.lstrip("-")) <= MAX_INT_DIGITS else HugeInt(len(literal))
 
 
-def check_shape(data: dict | FormData, max_text_chars: int) -> None:
+def check_shape(data: dict | FormData, max_text_chars: int, max_data_url_chars: int | None = None) -> None:
     """Refuse (400, naming the value's path) any text, list or nesting past the limits, and any
     value that is no finite JSON number. Iterative: a deep body cannot exhaust the stack. A path is
-    built only for the error (a (parent, key) chain), so long keys cost nothing on the way."""
+    built only for the error (a (parent, key) chain), so long keys cost nothing on the way. A
+    `data:` URL (an image in a chat message) may have up to `max_data_url_chars` characters."""
     items = data.multi_items() if isinstance(data, FormData) else data.items()
     stack = [(value, (None, key), 1) for key, value in reversed(list(items))]
     while stack:
         value, where, depth = stack.pop()
         if isinstance(value, str):
-            if len(value) > max_text_chars:
-                raise bad_field(_path(where), f"has {len(value)} characters; at most {max_text_chars} are accepted")
+            most = max_data_url_chars if max_data_url_chars and value.startswith("data:") else max_text_chars
+            if len(value) > most:
+                raise bad_field(_path(where), f"has {len(value)} characters; at most {most} are accepted")
         elif isinstance(value, HugeInt):
             raise bad_field(_path(where), f"{value!r} is out of range")
         elif isinstance(value, float) and not math.isfinite(value):

@@ -24,6 +24,7 @@ ROUTES = {
     "image_generation": "/v1/images/generations",
     "image_edit": "/v1/images/edits",
     "video": "/v1/videos",
+    "embeddings": "/v1/embeddings",
 }
 ROUTE_PARAMETER, DESCRIPTION_PARAMETER = "openai_route", "openai_description"
 
@@ -35,7 +36,7 @@ class ServedModel:
     description: str
     created: int          # when this proxy first saw it ready: OpenAI's `created`
     batched: bool = True  # inputs with a batch dimension (max_batch_size > 0); the chat models' fronts: none
-    inputs: frozenset[str] = frozenset()     # its input names (a transcription model with `task` translates)
+    inputs: frozenset = frozenset()     # its input tensors' names (what a request may carry: images, video, ...)
 
 
 def served_model(name: str, config: dict) -> ServedModel | None:
@@ -48,7 +49,8 @@ def served_model(name: str, config: dict) -> ServedModel | None:
         log.warning("skipping %s: unknown openai_route %r (known: %s)", name, route, ", ".join(ROUTES))
         return None
     return ServedModel(name, route, params.get(DESCRIPTION_PARAMETER, ""), int(time.time()),
-                       int(config.get("max_batch_size", 0)) > 0, frozenset(i.get("name", "") for i in config.get("input", [])))
+                       int(config.get("max_batch_size", 0)) > 0,
+                       frozenset(i.get("name", "") for i in config.get("input", [])))
 
 
 class ModelTable:

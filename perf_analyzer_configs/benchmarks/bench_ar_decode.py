@@ -7,6 +7,14 @@ static cache, on real-size shapes with random bf16 weights, in one run on one GP
     python -m perf_analyzer_configs.benchmarks.bench_ar_decode --models qwen3-8b qwen3-0.6b --modes inprocess \
         --concurrency 1 64 --weights bf16 fp8 fp8_lm_head                # FP8 weights against bf16, and their accuracy
 
+Mixture-of-experts shapes (Qwen3-30B-A3B, the shape of Qwen3-Omni-30B-A3B's thinker; Qwen3.5-35B-A3B),
+served by their own chat ensembles (ar_checkpoints.ensemble), their c=1 roofline counting the weights
+a one-token step reads (the top-k experts of each layer, not all of them):
+
+    python -m perf_analyzer_configs.benchmarks.bench_ar_decode --models qwen3-30b-a3b qwen3.5-35b-a3b \
+        --modes inprocess hf --concurrency 1 64 --out moe.json
+    python -m perf_analyzer_configs.benchmarks.bench_ar_decode --smoke --models tiny-moe tiny3.5-moe
+
 Fixed prompt length (512) and output length (256, EOS ignored), greedy. Writes
 perf_analyzer_configs/results/ar_decode.json (raw numbers, command, GPU, versions) and its pages.
 """
@@ -26,12 +34,13 @@ import torch
 
 from perf_analyzer_configs import results
 from perf_analyzer_configs.benchmarks import fp8_accuracy
-from perf_analyzer_configs.benchmarks.ar_checkpoints import SHAPES, prompts, random_text, write_checkpoint
+from triton_omni.client.progress import bar
+from perf_analyzer_configs.benchmarks.ar_checkpoints import SHAPES, ensemble, prompts, random_text, write_checkpoint
 from perf_analyzer_configs.benchmarks.common import device_name, percentile, release_memory, start_server, versions
 from triton_omni.runtime.params import torch_dtype
 
 RESULTS = results.RESULTS / "ar_decode.json"
-# the modes the default settings make (--server-model qwen3_chat, --client stream, --hf-cache static);
+# the modes the default settings make (--server-model: the shape's chat ensemble, --client stream, --hf-cache static);
 # other labels are variants, or defaults of their day relabelled when the defaults changed
 CURRENT_MODES = ("ours in-process", "ours via tritonserver", "transformers generate (static cache)")
 
@@ -58,9 +67,10 @@ def mark_wave(mode, c, t0_unix, wall, per, sent_s=0.0):
                                 "ttft_ms": sorted(1e3 * r["ttft"] for r in per)}) + "\n")
 
 
-def ar_overrides(args) -> list[tuple[str, object]]:
-    """The `--set qwen3_chat.ar.KEY=VALUE` overrides, for the in-process engine's parameters (the
-    server modes pass every --set to the converter)."""
+def ar_overrides(args, served: str) -> list[tuple[str, object]]:
+    """The `--set ENSEMBLE.ar.KEY=VALUE` overrides of the ensemble that serves the shape (`served`,
+    e.g. qwen3_chat), for the in-process engine's parameters (the server modes pass that ensemble's
+    --set items to the converter)."""
     import yaml
 
     from triton_omni.ar.step import ARParams
@@ -68,8 +78,8 @@ def ar_overrides(args) -> list[tuple[str, object]]:
     out = []
     for item in args.set or []:
         key, _, value = item.partition("=")
-        if key.startswith("qwen3_chat.ar."):
-            name = key.removeprefix("qwen3_chat.ar.")
+        if key.startswith(f"{served}.ar."):
+            name = key.removeprefix(f"{served}.ar.")
             if not hasattr(ARParams, name) and name not in ARParams.__dataclass_fields__:
                 raise SystemExit(f"--set {item}: the AR step has no parameter {name!r}")
             out.append((name, yaml.safe_load(value)))
@@ -85,7 +95,7 @@ def bench_inprocess(name, folder, args, device, weights="bf16"):
     params = ARParams(dtype=args.dtype, max_num_seqs=max(args.concurrency), max_model_len=args.prompt_len + args.output_len + 16,
                       max_num_batched_tokens=max(args.concurrency) * args.prompt_len, load_format="dummy",
                       enforce_eager=args.eager)
-    for key, value in ar_overrides(args):
+    for key, value in ar_overrides(args, ensemble(name)):
         setattr(params, key, value)
     params.quantization, params.quantize_lm_head = fp8_accuracy.WEIGHTS[weights]
     t = time.monotonic()
@@ -166,17 +176,19 @@ def profile_steps(engine, sp, args, c: int, path: Path) -> None:
 
 
 # --- our engine behind tritonserver --------------------------------------------------------------
-def serve(folder, args, target, weights="bf16"):
-    """tritonserver with qwen3_chat on the benchmark's shape (dummy weights); returns (server, setup s)."""
+def serve(folder, args, target, served: str, weights="bf16"):
+    """tritonserver with the chat ensemble `served` on the benchmark's shape (dummy weights); returns
+    (server, setup s)."""
     c_max = max(args.concurrency)
     quantization, lm_head = fp8_accuracy.WEIGHTS[weights]
-    overrides = [f"qwen3_chat.ar.{k}={v}" for k, v in {
+    overrides = [f"{served}.ar.{k}={v}" for k, v in {
         "load_format": "dummy", "max_num_seqs": c_max, "dtype": args.dtype, "enforce_eager": str(args.eager).lower(),
         "max_num_batched_tokens": c_max * args.prompt_len, "quantization": quantization,
         "quantize_lm_head": str(lm_head).lower()}.items()]
-    overrides.append(f"qwen3_chat.max_model_len={args.prompt_len + args.output_len + 16}")
+    overrides.append(f"{served}.max_model_len={args.prompt_len + args.output_len + 16}")
+    overrides += [item for item in args.set or [] if item.startswith(f"{served}.")]
     t = time.monotonic()
-    server = start_server("qwen3_chat", folder, overrides + (args.set or []), Path(args.workdir), target,
+    server = start_server(served, folder, overrides, Path(args.workdir), target,
                           getattr(args, "server_arg", None) or [], timeout=900)
     return server, time.monotonic() - t
 
@@ -192,13 +204,15 @@ def bench_server(name, folder, args, target, weights="bf16"):
     from triton_omni.client.tensors import make_inputs
     from triton_omni.client.triton import host_port, is_final_response
 
-    server, setup_s = serve(folder, args, target, weights)
+    served = ensemble(name)
+    server_model = args.server_model or served
+    server, setup_s = serve(folder, args, target, served, weights)
     rng = random.Random(0)
     sampling = {"max_tokens": args.output_len, "temperature": 0.0, "ignore_eos": True}
 
     def one(prompt, t0):
         stamps, tokens = [], 0
-        for chunk in ChatClient(server.grpc_url, timeout_s=600).stream(args.server_model, prompt=prompt, sampling=sampling):
+        for chunk in ChatClient(server.grpc_url, timeout_s=600).stream(server_model, prompt=prompt, sampling=sampling):
             if chunk.completion_tokens > tokens:
                 stamps.append(time.perf_counter())
                 tokens = chunk.completion_tokens
@@ -242,7 +256,7 @@ def bench_server(name, folder, args, target, weights="bf16"):
                 if left[0] == 0:
                     done.set()
 
-        batched = args.server_model != "qwen3_chat"        # the front takes [1] inputs, as the vLLM backend's models
+        batched = server_model != served       # the front takes [1] inputs, as the vLLM backend's models
         requests = [make_inputs(grpcclient, {"text_input": (t, "BYTES"), "sampling_parameters": (sampling, "BYTES"),
                                              "stream": (True, "BOOL")}, batched) for t in texts]
         client = grpcclient.InferenceServerClient(host_port(server.grpc_url))
@@ -250,7 +264,7 @@ def bench_server(name, folder, args, target, weights="bf16"):
         try:
             t0, t0_unix = time.perf_counter(), time.time()
             for i, inputs in enumerate(requests):
-                client.async_stream_infer(args.server_model, inputs, request_id=str(i), enable_empty_final_response=True)
+                client.async_stream_infer(server_model, inputs, request_id=str(i), enable_empty_final_response=True)
             sent = time.perf_counter() - t0
             assert done.wait(600), "server run did not finish"
             wall = time.perf_counter() - t0
@@ -273,7 +287,7 @@ def bench_server(name, folder, args, target, weights="bf16"):
         rows = []
         for c in args.concurrency:
             wall, per = run(c)
-            mode = "ours via tritonserver" + ("" if args.server_model == "qwen3_chat" else f" ({args.server_model})") \
+            mode = "ours via tritonserver" + ("" if server_model == served else f" ({server_model})") \
                 + ("" if args.client == "stream" else " (a client per request)")
             mode = fp8_accuracy.label(mode, weights)
             rows.append(summarize(mode, name, c, wall, per, args.output_len))
@@ -293,7 +307,8 @@ def bench_server_perf_analyzer(name, folder, args, target):
     (TTFT included) and TTFT is not measured."""
     from perf_analyzer_configs.runner import perf_analyzer
 
-    server, setup_s = serve(folder, args, target)
+    served = ensemble(name)
+    server, setup_s = serve(folder, args, target, served)
     rng = random.Random(0)
     sampling = json.dumps({"max_tokens": args.output_len, "temperature": 0.0, "ignore_eos": True})
     vocab = SHAPES[name]["vocab_size"]
@@ -301,16 +316,16 @@ def bench_server_perf_analyzer(name, folder, args, target):
     work.mkdir(parents=True, exist_ok=True)
     c_max = max(args.concurrency)
     data = {   # c_max different prompts per target, cycled through by perf_analyzer
-        "qwen3_chat": [{"text_input": [random_text(rng, args.prompt_len)], "sampling_parameters": [sampling],
+        served: [{"text_input": [random_text(rng, args.prompt_len)], "sampling_parameters": [sampling],
                         "stream": [True]} for _ in range(c_max)],
-        "qwen3_chat_ar": [{"input_ids": {"content": ids, "shape": [len(ids)]}, "sampling": [sampling],
+        f"{served}_ar": [{"input_ids": {"content": ids, "shape": [len(ids)]}, "sampling": [sampling],
                            "stream": [True]} for ids in prompts(c_max, args.prompt_len, vocab, seed=1)],
     }
     settings = perf_analyzer.Settings(measurement_ms=args.pa_window_ms, max_trials=3, stability_percent=50)
     rows = []
     try:
-        for model, kind in (("qwen3_chat", "ours via tritonserver, perf_analyzer"),
-                            ("qwen3_chat_ar", "AR step alone via tritonserver, perf_analyzer")):
+        for model, kind in ((served, "ours via tritonserver, perf_analyzer"),
+                            (f"{served}_ar", "AR step alone via tritonserver, perf_analyzer")):
             path = work / f"{model}.json"
             path.write_text(json.dumps({"data": data[model]}))
             for c in args.concurrency:
@@ -393,10 +408,11 @@ def copy_bandwidth(device) -> float:
 
 def decode_bytes_per_step(folder: Path, context: float, dtype_bytes: int = 2, weights: str = "bf16") -> float:
     """Bytes one batch-1 decode step must move: every weight once (the embedding table only as the
-    lm_head when tied, else one row), K/V of the full-attention layers at `context`, and the fp32
-    recurrent state of the linear-attention layers read and written. Counted on our own model
-    class built on the meta device, so it is the model the engine actually runs. FP8 `weights`: the
-    layers' linear weights (and the lm_head's with fp8_lm_head) one byte each, plus their scales."""
+    lm_head when tied, else one row; of a mixture-of-experts layer only the top-k experts a token
+    goes to, besides its router and shared expert), K/V of the full-attention layers at `context`,
+    and the fp32 recurrent state of the linear-attention layers read and written. Counted on our own
+    model class built on the meta device, so it is the model the engine actually runs. FP8 `weights`:
+    the layers' linear weights (and the lm_head's with fp8_lm_head) one byte each, plus their scales."""
     from triton_omni.models.context import AttentionCacheSpec, RecurrentStateSpec
     from triton_omni.models.layers import Linear, MergedLinear
     from triton_omni.models.registry import MODELS, text_config
@@ -409,6 +425,10 @@ def decode_bytes_per_step(folder: Path, context: float, dtype_bytes: int = 2, we
     elements = sum(params.values())
     if not config.tie_word_embeddings:
         elements -= model.model.embed_tokens.weight.numel() - config.hidden_size
+    for m in model.modules():
+        if hasattr(m, "experts") and hasattr(m, "top_k"):         # models/moe.py's SparseMoeBlock
+            per_expert = sum(p.numel() for p in m.experts.parameters()) // m.num_experts
+            elements -= (m.num_experts - m.top_k) * per_expert
     total = elements * dtype_bytes
     if weights != "bf16":
         fp8 = [m.weight for m in model.modules() if isinstance(m, (Linear, MergedLinear))]
@@ -483,7 +503,9 @@ PAGE = results.Page(
                             lambda r: f"{100 * r['roofline_share_c1']:.0f}%" if "roofline_share_c1" in r else "")],
     current=lambda r: fp8_accuracy.base_mode(r["mode"]) in CURRENT_MODES,
     order=lambda r: (list(SHAPES).index(r["model"]), CURRENT_MODES.index(fp8_accuracy.base_mode(r["mode"])),
-                     list(fp8_accuracy.WEIGHTS).index(fp8_accuracy.weights_of(r["mode"])), r["concurrency"]))
+                     list(fp8_accuracy.WEIGHTS).index(fp8_accuracy.weights_of(r["mode"])), r["concurrency"]),
+    plot=results.Plot(panels=[("tokens_per_s", "tokens/s"), ("ttft_ms_p50", "TTFT p50 (ms)"),
+                              ("tpot_ms_p50", "TPOT p50 (ms)")]))
 
 
 def main() -> int:
@@ -494,11 +516,13 @@ def main() -> int:
                     choices=["inprocess", "server", "server-pa", "hf"],
                     help="server-pa: perf_analyzer against the server's front and its AR step")
     ap.add_argument("--set", action="append",
-                    help="a converter override for the server modes (KEY=VALUE); qwen3_chat.ar.* ones apply in-process too")
+                    help="a converter override (ENSEMBLE.KEY=VALUE) for the server modes of the shapes ENSEMBLE serves "
+                         "(qwen3_chat, qwen3_moe_chat, ...: ar_checkpoints.ensemble); ENSEMBLE.ar.* ones apply in-process too")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="an extra tritonserver argument for the server modes, e.g. --server-arg=--trace-config=rate=1")
-    ap.add_argument("--server-model", default="qwen3_chat",
-                    help="the model the server mode's clients call (qwen3_chat_ensemble: the ensemble without its front)")
+    ap.add_argument("--server-model", default=None,
+                    help="the model the server mode's clients call (default: the shape's chat ensemble, e.g. qwen3_chat; "
+                         "qwen3_chat_ensemble: the ensemble without its front)")
     ap.add_argument("--client", default="stream", choices=["stream", "threads"],
                     help="server mode: one gRPC stream for all requests, or a client and thread per request")
     ap.add_argument("--pa-window-ms", type=int, default=10000, help="perf_analyzer's measurement window")
@@ -530,7 +554,9 @@ def main() -> int:
         print(args.out.with_suffix(".md").read_text())
         return 0
     if args.smoke:
-        args.models, args.concurrency, args.prompt_len, args.output_len = ["tiny"], [1, 2], 16, 8
+        if not all(m.startswith("tiny") for m in args.models):       # --smoke alone: the dense tiny shape
+            args.models = ["tiny"]
+        args.concurrency, args.prompt_len, args.output_len = [1, 2], 16, 8
         args.dtype, args.hf_cache = "float32", "dynamic"
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     target = "gpu" if device != "cpu" else "cpu"
@@ -547,7 +573,7 @@ def main() -> int:
             print(notes[-1], flush=True)
             release_memory()
         parts = [(m, w) for m in args.modes for w in (args.weights if m in ("inprocess", "server") else ["bf16"])]
-        for mode, weights in parts:
+        for mode, weights in bar(parts, desc=name, unit="part"):
             if mode == "inprocess":
                 rows += bench_inprocess(name, folder, args, device, weights)
             elif mode == "server":

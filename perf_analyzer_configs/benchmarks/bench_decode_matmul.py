@@ -167,7 +167,9 @@ PAGE = results.Page(
              results.column("before", "before", numeric=False), results.column("cuBLAS us", "cublas_us", ".2f"),
              results.column("skinny us", "skinny_us", ".2f"),
              results.Column("speedup", lambda r: f"{r['speedup']:.2f}x"),
-             results.column("skinny GB/s", "skinny_GBps", ".0f")])
+             results.column("skinny GB/s", "skinny_GBps", ".0f")],
+    plot=results.Plot(panels=[("", "us per call")], bars=[("cublas_us", "cuBLAS"), ("skinny_us", "ours (skinny)")],
+                      category=lambda r: f"{r['matmul']} {r['N']}x{r['K']}"))
 
 
 def main() -> int:

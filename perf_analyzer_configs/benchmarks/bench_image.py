@@ -34,6 +34,7 @@ import triton_omni.image.denoise
 import triton_omni.image.vae
 from perf_analyzer_configs import results
 from perf_analyzer_configs.benchmarks import fp8_accuracy
+from triton_omni.client.progress import bar
 from perf_analyzer_configs.benchmarks.ar_checkpoints import QWEN3_COMMON, SPECIALS
 from perf_analyzer_configs.benchmarks.common import (ROOT, device_name, percentile, release_memory, start_server,
                                                      versions)
@@ -496,7 +497,9 @@ PAGE = results.Page(
              results.column("first call s", "first_call_s", ".0f")],
     order=lambda r: (list(MODELS).index(r["model"]), -int(r["size"].split("x")[0]),
                      MODE_LABELS.index(fp8_accuracy.base_mode(r["mode"])), fp8_accuracy.weights_of(r["mode"]) != "bf16",
-                     r["concurrency"]))
+                     r["concurrency"]),
+    plot=results.Plot(panels=[("images_per_s", "images/s"), ("latency_ms_p50", "latency p50 (ms)")],
+                      facet=lambda r: f"{r['model']} {r['size']}"))
 
 
 def main() -> int:
@@ -541,7 +544,7 @@ def main() -> int:
     if not cuda:
         torch.set_num_threads(1)   # a CPU check shares its cores; threads spinning against each other cost 10x
     matmul, rows, notes, accuracy = matmul_tflops(cuda), [], list(args.note), []
-    for name in args.models:
+    for name in bar(args.models, desc="models", unit="model"):
         spec = spec_for(name, args.shapes)
         ctx = argparse.Namespace(name=name, spec=spec, tcfg=spec["transformer"][1], cuda=cuda, args=args, matmul=matmul,
                                  device="cuda:0" if cuda else "cpu", steps={}, own={}, pipe=None,

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from perf_analyzer_configs import results
+from triton_omni.client.progress import bar
 from perf_analyzer_configs.benchmarks.common import (ROOT, device_name, percentile, release_memory, start_server,
                                                      versions)
 from perf_analyzer_configs.benchmarks.tts_checkpoints import (PHONEMES, SHAPES, TEXT, write_kokoro, write_orpheus,
@@ -383,7 +384,8 @@ PAGE = results.Page(
              results.column("audio s", "audio_s", ".2f"), results.column("TTFA p50 ms", "ttfa_ms_p50", ".1f"),
              results.column("TTFA p90 ms", "ttfa_ms_p90", ".1f"), results.column("RTF p50", "rtf_p50", ".4f"),
              results.column("RTF p90", "rtf_p90", ".4f"), results.column("audio s/s", "audio_s_per_s", ".1f")],
-    order=lambda r: (MODELS.index(r["model"]), MODES.index(r["mode"]), r["concurrency"]))
+    order=lambda r: (MODELS.index(r["model"]), MODES.index(r["mode"]), r["concurrency"]),
+    plot=results.Plot(panels=[("audio_s_per_s", "audio s/s"), ("ttfa_ms_p50", "TTFA p50 (ms)"), ("rtf_p50", "RTF p50")]))
 
 
 def main() -> int:
@@ -423,7 +425,7 @@ def main() -> int:
         torch.set_num_threads(1)   # a CPU check shares its cores (as bench_image.py)
     device, dtype = ("cuda:0", torch.bfloat16) if cuda else ("cpu", torch.float32)
     root, rows = Path(args.workdir) / "checkpoints", []
-    for name in args.models:
+    for name in bar(args.models, desc="models", unit="model"):
         ctx = argparse.Namespace(name=name, args=args, device=device, dtype=dtype, target="gpu" if cuda else "cpu",
                                  voice={"kokoro_tts": "af_heart", "qwen3_tts": "vivian"}.get(name, "tara"),
                                  overrides=[])

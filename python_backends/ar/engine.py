@@ -24,6 +24,7 @@ from triton_omni.ar.block_manager import BlockManager
 from triton_omni.ar.config import EngineConfig
 from triton_omni.ar.forks import make_forks
 from triton_omni.ar.model_runner import ModelRunner, StepHandle
+from triton_omni.ar.prompt_embeds import PromptEmbeds, attach as attach_embeds
 from triton_omni.ar.sampling import SamplingParams
 from triton_omni.ar.scheduler import Scheduler
 from triton_omni.ar.sequence import Sequence, Status
@@ -80,9 +81,10 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device | str,
                  dtype: torch.dtype, eos_token_ids: list[int], vocab_size: int,
-                 think_ids: tuple[int, int] | None = None, grammar=None):
+                 think_ids: tuple[int, int] | None = None, grammar=None, prompt_embeds: bool = False):
         """`think_ids`: the tokens that open and close reasoning (a reasoning budget forces the second);
-        `grammar`: structured output's compiler (ar/grammar.py), None: refused."""
+        `grammar`: structured output's compiler (ar/grammar.py), None: refused; `prompt_embeds`: requests
+        may carry spliced embeddings and rotary positions (ar/prompt_embeds.py)."""
         self.config = config
         self.device = torch.device(device)
         self.eos_token_ids = set(eos_token_ids)
@@ -90,7 +92,7 @@ class LLMEngine:
             raise ValueError("at most 8 end-of-sequence token ids")
         self.vocab_size = vocab_size
         self.grammar = grammar
-        self.runner = ModelRunner(model, config, self.device, dtype, vocab_size, think_ids)
+        self.runner = ModelRunner(model, config, self.device, dtype, vocab_size, think_ids, prompt_embeds)
         if self.runner.num_blocks * config.block_size < config.max_model_len:
             raise ValueError("the KV cache cannot hold one sequence of max_model_len tokens")
         # Qwen3.5's recurrent layers would need their state at every cached block boundary (see
@@ -108,11 +110,14 @@ class LLMEngine:
         self.trace = StepTrace(trace) if trace else None
 
     # -- called from any thread ---------------------------------------------------------------
-    def add(self, prompt_ids, params: SamplingParams, on_output=None, thinking: bool = False) -> Sequence:
+    def add(self, prompt_ids, params: SamplingParams, on_output=None, thinking: bool = False,
+            embeds: PromptEmbeds | None = None) -> Sequence:
         """Validate and queue a request; raises InvalidInput for a bad one. `prompt_ids`: token ids (a list
         or an array), or a frame model's prompt object (anything with a len(): its number of positions).
         `thinking`: the prompt leaves the model inside its reasoning (for a reasoning budget). With n > 1
-        the returned sequence is the first sample; `seq.forks` are the others (each reported on its own)."""
+        the returned sequence is the first sample; `seq.forks` are the others (each reported on its own).
+        `embeds`: rows spliced over placeholder tokens and the prompt's rotary positions (an engine
+        built with prompt_embeds=True)."""
         if self.runner.frame_model:
             seq = Sequence([], params, on_output, prompt=prompt_ids)
         else:
@@ -120,6 +125,8 @@ class LLMEngine:
             if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
                 raise InvalidInput("input_ids", f"token ids must be in [0, {self.vocab_size})")
             seq = Sequence(ids.tolist(), params, on_output)
+        if embeds is not None:
+            attach_embeds(seq, embeds, self.runner)
         seq.arrival = time.time()
         if params.resolved:
             # a pre step resolved it against its own max_model_len, which may be set above this engine's
@@ -202,10 +209,14 @@ class LLMEngine:
         if batch is not None:
             constrained = [s for s in batch.seqs if s.matcher is not None]
             if batch.is_prefill:
+                for seq in batch.seqs:
+                    seq.scheduled = t
                 self.runner.admit(batch.seqs, self.eos_token_ids)
                 if constrained:
                     self.runner.load_masks(constrained)
                 launched = self.runner.prefill(batch.seqs, self.blocks.fork_copies)
+                for seq in batch.seqs:
+                    seq.embeds = None           # copied to the device by now: free the rows
                 self.blocks.fork_copies = []
                 prompts = [s for s in batch.seqs if s.parent is None]
                 for s in prompts:

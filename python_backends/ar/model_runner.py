@@ -14,6 +14,9 @@ embedding the model builds from the row's previous frame and its own per-row dev
 step's output is a frame of N codes (code 0 is what stop ids and EOS are checked against). The
 step's result is then [N + 1, B] instead of [2, B]; everything stays on the device, so the step is
 captured in a CUDA graph just like a text model's.
+
+A runner built with `prompt_embeds` takes text prompts with spliced embeddings and their own rotary
+positions (ar/prompt_embeds.py says how they run); one built without is unchanged by them.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from torch import nn
 
 from triton_omni.kernels import dispatch
 from triton_omni.ar import bookkeeping_dispatch
+from triton_omni.ar import prompt_embeds as spliced
 from triton_omni.ar.config import EngineConfig
 from triton_omni.ar.logits_processors import MAX_TOP, Features, RowLogits
 from triton_omni.ar.sampling import sample
@@ -96,11 +100,14 @@ class StepHandle:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, dtype: torch.dtype,
-                 vocab_size: int | None = None, think_ids: tuple[int, int] | None = None):
+                 vocab_size: int | None = None, think_ids: tuple[int, int] | None = None, prompt_embeds: bool = False):
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
         self.cuda = device.type == "cuda"
         self.layers = cache_layers(model)
         self.frame_model = hasattr(model, "sample_frame")
+        # spliced prompt embeddings: prefill from embeddings, rotary positions of `rope_axes` rows
+        self.spliced = prompt_embeds and not self.frame_model
+        self.rope_axes, self.hidden_size = (model.rope_axes, model.config.hidden_size) if self.spliced else (0, 0)
         self.num_codes = model.num_codes if self.frame_model else 1
         self.num_blocks = config.num_kv_blocks or self._default_num_blocks()
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
@@ -120,6 +127,7 @@ class ModelRunner:
         self.top_k = z(rows)
         self.top_p = torch.ones(rows, device=device)
         self.seeds = z(rows)
+        self.rope_delta = z(rows) if self.spliced else None     # decode's rotary position - its cache position
         # decode inputs: the rows of the batch, padded with the scratch row
         self.graph_sizes = sorted({b for b in config.cuda_graph_batch_sizes if b <= config.max_num_seqs})
         self.max_batch = max([config.max_num_seqs, *self.graph_sizes])
@@ -220,6 +228,8 @@ class ModelRunner:
                 self.model.admit_row(seq.row, seq.prompt)
         if self.logits is not None:
             self.logits.admit(seqs, rows, self.upload)
+        if self.spliced:                    # a fork decodes at its parent's rotary positions
+            self.rope_delta[rows] = self.upload([spliced.rope_delta_of(s) for s in seqs])
 
     def load_masks(self, seqs: list[Sequence]) -> None:
         """The grammar masks of these rows' next tokens, computed on the host, into the device's buffer
@@ -282,7 +292,8 @@ class ModelRunner:
         pos, slots, context_lens, tables, tokens = bookkeeping_dispatch.decode_inputs(
             rows, self.position, self.last_token, self.block_tables, self.scratch, self.config.block_size)
         ctx = ForwardContext(is_prefill=False, slot_mapping=slots, state_slots=rows, block_tables=tables,
-                             context_lens=context_lens, max_context_len=max_context_len)
+                             context_lens=context_lens, max_context_len=max_context_len,
+                             rope_positions=pos + self.rope_delta[rows] if self.spliced else None)
         x = self.model.decode_embeds(rows, self.out_count[rows]) if self.frame_model else tokens
         # padding (scratch) rows stay at position 0: advanced, their block index would run off the table
         return self._sample_and_check(self.model(x, pos, ctx), rows, variant, self.out[:, :bs], advance=True,
@@ -358,15 +369,22 @@ class ModelRunner:
     def _prefill_layout(self, m: torch.Tensor, t: int) -> tuple[torch.Tensor, ...]:
         """Bucket `t`'s static inputs as views of `m` (the device buffer or its host copy), laid out from
         its start (each graph reads its own offsets): ids, positions and cache slots [t], each prompt's
-        last index [S], cu_seqlens [S + 2], state rows [S]. A step thus builds and uploads 3t + 3S + 2
-        numbers, not the largest bucket's."""
+        last index [S], cu_seqlens [S + 2], state rows [S]; then (spliced prompts) rotary positions
+        [rope_axes, t] (`_prefill_rope`). A step thus builds and uploads 3t + 3S + 2 (+ A t) numbers, not
+        the largest bucket's."""
         S = self.config.max_num_seqs
         return m[:t], m[t:2 * t], m[2 * t:3 * t], m[3 * t:3 * t + S], m[3 * t + S:3 * t + 2 * S + 2], \
             m[3 * t + 2 * S + 2:3 * t + 3 * S + 2]
 
+    def _prefill_rope(self, m: torch.Tensor, t: int) -> torch.Tensor:
+        return m[self._prefill_meta_size(t) - self.rope_axes * t:self._prefill_meta_size(t)].view(self.rope_axes, t)
+
+    def _prefill_meta_size(self, t: int) -> int:
+        return (3 + self.rope_axes) * t + 3 * self.config.max_num_seqs + 2
+
     def _prefill_inputs(self, seqs: list[Sequence], t: int) -> torch.Tensor:
         """The host copy of bucket `t`'s part of `prefill_meta` for these prompts."""
-        meta = torch.zeros(3 * t + 3 * self.config.max_num_seqs + 2, dtype=torch.int64)
+        meta = torch.zeros(self._prefill_meta_size(t), dtype=torch.int64)
         ids, pos, slots, last, cu, rows = self._prefill_layout(meta, t)
         slots.fill_(-1)                                          # padding writes no cache slot
         rows.fill_(self.scratch)
@@ -382,19 +400,28 @@ class ModelRunner:
             cu[:n + 1] = packed_cu
             cu[n + 1:-1] = total                                 # empty sequences, then the padding
             rows[:n] = torch.tensor([s.row for s in seqs])
+            if self.spliced:
+                self._prefill_rope(meta, t)[:, :total] = spliced.packed_rope_positions(
+                    seqs, packed_pos, packed_cu, self.rope_axes)
         return meta
 
     def _load_prefill_inputs(self, seqs: list[Sequence], t: int) -> None:
         if self.prefill_meta is None:
-            self.prefill_meta = torch.zeros(3 * self.prefill_sizes[-1] + 3 * self.config.max_num_seqs + 2,
+            self.prefill_meta = torch.zeros(self._prefill_meta_size(self.prefill_sizes[-1]),
                                             dtype=torch.int64, device=self.device)
             if self.frame_model:
                 self.prefill_embeds = self.first_hidden.new_zeros((self.prefill_sizes[-1], self.first_hidden.shape[-1]))
+            elif self.spliced:
+                self.prefill_embeds = torch.zeros((self.prefill_sizes[-1], self.hidden_size), dtype=self.dtype,
+                                                  device=self.device)
         if self.frame_model and seqs:
             total = sum(s.prompt_len for s in seqs)
             self.prefill_embeds[:total].copy_(self.model.prefill_embeds([s.prompt for s in seqs]))
         meta = self._prefill_inputs(seqs, t)
         self.prefill_meta[:len(meta)].copy_(self.upload(meta))
+        if self.spliced and seqs:          # the prompts' embeddings, outside the graph: ids from the device copy
+            cu = torch.tensor([0] + [s.prompt_len for s in seqs]).cumsum(0)
+            spliced.embed_prompts(self.model, self.prefill_meta[:int(cu[-1])], seqs, cu, self.upload, self.prefill_embeds)
 
     def _prefill_body(self, t: int) -> torch.Tensor:
         """Forward of bucket `t` from the static inputs; the hidden states at each prompt's last token [S, H]."""
@@ -404,8 +431,9 @@ class ModelRunner:
         # nearly all empty). Padding rows past it are left unwritten: their sequence is its own, so
         # nothing real reads them, and their cache slots are -1.
         ctx = ForwardContext(is_prefill=True, slot_mapping=slots, state_slots=rows, cu_seqlens=cu.int(),
-                             max_seqlen=min(t, self.config.max_model_len))
-        return self.model(self.prefill_embeds[:t] if self.frame_model else ids, pos, ctx)[last]
+                             max_seqlen=min(t, self.config.max_model_len),
+                             rope_positions=self._prefill_rope(self.prefill_meta, t) if self.spliced else None)
+        return self.model(self.prefill_embeds[:t] if self.prefill_embeds is not None else ids, pos, ctx)[last]
 
     def bucket_prefill_hidden(self, seqs: list[Sequence], t: int) -> torch.Tensor:
         """What the prefill graph of bucket `t` computes for these prompts, run eagerly (on any device):
@@ -538,6 +566,9 @@ class ModelRunner:
             ctx.context_lens = up([s.prompt_len for s in seqs], torch.int32)
             ctx.max_context_len = max(s.prompt_len for s in seqs)
         x = self.model.prefill_embeds([s.prompt for s in seqs]) if self.frame_model else up(ids)
+        if self.spliced:
+            ctx.rope_positions = up(spliced.packed_rope_positions(seqs, pos, cu, self.rope_axes))
+            x = spliced.embed_prompts(self.model, x, seqs, cu, up)
         hidden = self.model(x, up(pos), ctx)
         return hidden if all_tokens else hidden[up(cu[1:] - 1)]
 

@@ -33,7 +33,11 @@ class Sequence:
     # a frame model's own prompt (e.g. a TTS talker's embeddings) instead of prompt_ids: anything with a
     # len() (its number of positions), handed to the model's `admit_row` / `prefill_embeds` as is
     prompt: Any = None
+    # rows spliced over placeholder tokens of prompt_ids at prefill, and the prompt's rotary positions
+    # (ar/prompt_embeds.PromptEmbeds); dropped once the prefill is launched
+    embeds: Any = None
     arrival: float = 0.0                     # wall-clock time of engine.add (for the engine's trace)
+    scheduled: float = 0.0                   # wall-clock time its prefill was scheduled (queue-time metric)
     # n > 1: the samples after the first are forks of it, prefilled with it once (ar/forks.py)
     index: int = 0                           # which of the request's samples this is
     parent: "Sequence | None" = None

@@ -23,11 +23,13 @@ import torch
 
 from triton_omni.ar.config import EngineConfig
 from triton_omni.ar.engine import EngineThread, LLMEngine
+from triton_omni.ar.request_metrics import ARRequestMetrics
 from triton_omni.ar.sampling import SamplingParams
 from triton_omni.ar.sequence import Sequence
 from triton_omni.models.registry import load_causal_lm, text_config
 from triton_omni.runtime.errors import Cancelled, InvalidInput
 from triton_omni.runtime.front import ABORT_INPUT
+from triton_omni.runtime import metrics, warmup
 from triton_omni.runtime.metrics import Gauge
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
@@ -99,6 +101,7 @@ class Reply:
     done: bool = False
     request_id: str = ""
     last_checked: float = 0.0        # when Triton was last asked whether it was cancelled
+    first_token_at: float = 0.0      # when its first token reached the delivery thread (wall clock)
     index: int = 0                   # which sample of its request
     group: Group = field(default_factory=Group)
     splitter: ChannelSplitter | None = None      # a chat answer's reasoning / tool-call channels
@@ -137,8 +140,9 @@ def grammar_compiler(tokenizer, vocab: int, stop_ids):
         return None
 
 
-def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, object]:
-    """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks)."""
+def build_engine(folder, params: ARParams, device: str, prompt_embeds: bool = False) -> tuple[LLMEngine, object]:
+    """Load checkpoint + tokenizer and build the engine (also used in-process by benchmarks).
+    `prompt_embeds`: an engine whose prompts may carry spliced embeddings (ar/prompt_embeds.py)."""
     dtype = torch_dtype(params.dtype)
     if params.load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {params.load_format!r}")
@@ -149,7 +153,8 @@ def build_engine(folder, params: ARParams, device: str) -> tuple[LLMEngine, obje
     vocab = model.config.vocab_size
     eos = eos_token_ids(folder, tokenizer)
     engine = LLMEngine(model, params.engine_config(), device, dtype, eos, vocab,
-                       think_ids=MarkerIds.of(tokenizer).reasoning, grammar=grammar_compiler(tokenizer, vocab, eos))
+                       think_ids=MarkerIds.of(tokenizer).reasoning, grammar=grammar_compiler(tokenizer, vocab, eos),
+                       prompt_embeds=prompt_embeds)
     if engine.runner.use_graphs:
         engine.runner.capture_graphs()
     return engine, tokenizer
@@ -196,6 +201,7 @@ class ARDecode(Step):
             ("prefix_cache_hit_rate", "share of admitted prompt tokens found in the prefix cache"),
             ("cached_tokens", "prompt tokens found in the prefix cache"))}
         self.requests_started = self.requests_finished = 0
+        self.request_metrics = ARRequestMetrics(ctx.model_name)
         self._stop = False
         self.loop = EngineThread(self.engine, on_error=lambda e: ctx.log(
             "engine step failed: " + "".join(traceback.format_exception(e))))
@@ -205,9 +211,24 @@ class ARDecode(Step):
     def input_limits(self) -> dict:
         return {"input_ids": (self.params.max_model_len,)}      # a longer prompt can never fit the context
 
+    def warmup_inputs(self, spec) -> list[dict]:
+        """Prompts of random ids of each `tokens` length (default 16), a few tokens each, greedy and
+        sampled (top-k, top-p: the sampler's other path)."""
+        rng = np.random.default_rng(0)
+        vocab = self.engine.vocab_size
+        greedy = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True, "seed": 0}
+        sampled = {**greedy, "temperature": 0.7, "top_p": 0.9, "top_k": 20}
+        # a chat request's answer is split into reasoning and content (reply_options; text models only)
+        chat = "reply_options" in {t.name for t in self.inputs} and hasattr(self, "markers")
+        options = [{}] + ([{"reply_options": string_array('{"reasoning": true}')}] if chat else [])
+        return [{"input_ids": rng.integers(0, vocab, n, dtype=np.int32), "sampling": string_array(json.dumps(s)),
+                 "stream": np.array([True]), **o}
+                for n in spec.tokens or [16] if n + 4 <= self.params.max_model_len for s in (greedy, sampled)
+                for o in options]
+
     def make_engine(self, folder) -> LLMEngine:
         """The engine (a subclass may decode another kind of model: see tts/frame_talker.py)."""
-        engine, tokenizer = build_engine(folder, self.params, self.ctx.device)
+        engine, tokenizer = build_engine(folder, self.params, self.ctx.device, prompt_embeds=self.spliced_prompts)
         self.token_bytes = token_byte_table(tokenizer)
         self.markers = MarkerIds.of(tokenizer)
         return engine
@@ -235,7 +256,13 @@ class ARDecode(Step):
             reply.echo = ids.tolist() if options.echo else []
             replies.append(reply)
         thinking = replies[0].splitter is not None and replies[0].splitter.channel != CONTENT
-        self.start(request, replies, ids, params, thinking)
+        self.start(request, replies, ids, params, thinking, self.prompt_embeds(request, ids))
+
+    spliced_prompts = False         # an engine for prompts with spliced embeddings (ar/embeds_step.py)
+
+    def prompt_embeds(self, request: Request, ids):
+        """The request's spliced prompt embeddings (ar/embeds_step.py reads them); a text step has none."""
+        return None
 
     def handle_abort(self, request: Request, sink: ResponseSink) -> bool:
         """True if this request is the front's abort for others (then it is answered here): their
@@ -248,17 +275,20 @@ class ARDecode(Step):
         sink.send({}, final=True)
         return True
 
-    def start(self, request: Request, replies, prompt, params: SamplingParams, thinking: bool = False) -> None:
+    def start(self, request: Request, replies, prompt, params: SamplingParams, thinking: bool = False,
+              embeds=None) -> None:
         """Queue the request on the engine; its outputs go to the delivery thread. `replies`: one Reply,
-        or one per sample (n > 1), in sample order."""
+        or one per sample (n > 1), in sample order. `embeds`: its spliced prompt embeddings
+        (ar/prompt_embeds.PromptEmbeds; ar/embeds_step.py)."""
         self.requests_started += 1
         replies = replies if isinstance(replies, list) else [replies]
+        for r in replies:          # before the engine has it: a fast finish must find it (warmup's ids)
+            r.request_id = request.request_id
         put = self.outbox.put
-        seq = self.engine.add(prompt, params, thinking=thinking,
+        seq = self.engine.add(prompt, params, thinking=thinking, embeds=embeds,
                               on_output=lambda s, new, reason: put((replies[s.index], new, reason, s.new_logprobs)))
         for reply, s in zip(replies, [seq, *seq.forks]):
             reply.seq = s
-            reply.request_id = request.request_id
         reply = replies[0]
         with self.live_lock:
             if reply.request_id and self.aborted.pop(reply.request_id, None) is not None:
@@ -292,17 +322,21 @@ class ARDecode(Step):
                 last_check = time.monotonic()
                 self._check_cancelled()
                 self._publish_metrics()
+                metrics.flush()
 
     def _deliver_batch(self, items) -> None:
         """Engine outputs queued since the last round, merged per reply: when sending falls behind
         the engine, a response carries several tokens instead of the backlog growing."""
         merged: dict[Reply, list] = {}
+        now = time.time()
         for reply, new, reason, *lps in items:
             entry = merged.setdefault(reply, [[], None, False])
             if reason == CANCEL:
                 entry[2] = True
             else:
                 entry[0] += new or []
+                if new and not reply.first_token_at:
+                    reply.first_token_at = now
                 entry[1] = reason if reason is not None else entry[1]
                 if reply.logprobs is not None and lps and lps[0]:
                     reply.logprobs.extend(lps[0])
@@ -379,8 +413,10 @@ class ARDecode(Step):
 
     def _close(self, reply: Reply) -> None:
         with self.live_lock:
-            reply.done = True
+            closing, reply.done = not reply.done, True
             self.live.discard(reply)
+        if closing and not warmup.is_warmup(reply.request_id):
+            self.request_metrics.finished(reply.seq, reply.first_token_at, reply.n_released)
 
     def _cancel(self, reply: Reply) -> None:
         """End a cancelled request with a normal final response: an error mid-stream would not

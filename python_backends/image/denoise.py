@@ -20,7 +20,9 @@ import torch
 from triton_omni.diffusion.attention import set_attention
 from triton_omni.diffusion.checkpoint import load_component, load_scheduler, pipeline_folder, vae_scale_factor
 from triton_omni.diffusion.tensors import group_by, to_output, to_torch
+from triton_omni.image import warmup as image_warmup
 from triton_omni.image.checks import check_settings
+from triton_omni.image.denoise_metrics import DenoiseMetrics
 from triton_omni.image.request import ServedSizes
 from triton_omni.models import quant
 from triton_omni.runtime.errors import InvalidInput
@@ -112,6 +114,7 @@ class DenoiseStep(Step):
         self.compiled = self.params.compile and torch.device(self.device).type == "cuda"
         if self.compiled:
             self.transformer.compile_repeated_blocks(fullgraph=True)
+        self.metrics = DenoiseMetrics(ctx.model_name, self.device)
 
     def set_attention(self, name: str) -> None:
         set_attention(self.transformer, name, self.device)
@@ -154,6 +157,11 @@ class DenoiseStep(Step):
             return Guidance(None, None, [])
         return Guidance(torch.tensor(rows, device=self.device), torch.tensor(scales, device=self.device), negatives)
 
+    def warmup_inputs(self, spec) -> list[dict]:
+        if [t.name for t in self.inputs] != [t.name for t in DenoiseStep.inputs]:
+            return []                  # a model's own inputs (an edit model's image latents): its own samples
+        return image_warmup.denoise_samples(spec, self.text_dim)
+
     def staged_schedule(self, key: Hashable, make) -> tuple:
         """A schedule computed once on the host by `make()` and kept on the device."""
         if key not in self._schedules:
@@ -183,10 +191,12 @@ class DenoiseStep(Step):
                 results[slot] = exc
         for group in group_by(jobs, self.group_key).values():
             try:
+                start = self.metrics.start()
                 with torch.inference_mode():
                     latents = self.run(group, self.initial_noise(group))
                 for job, lat in zip(group, latents.split([j.n for j in group])):
                     results[job.slot] = {"latents": to_output(lat.float())}
+                self.metrics.done(start, group[0].steps, sum(j.n for j in group), len(group))
             except Exception as exc:  # noqa: BLE001 - this group fails; other groups still get images
                 for job in group:
                     results[job.slot] = exc

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from triton_omni.image import warmup as image_warmup
 from triton_omni.image.request import ServedSizes
 from triton_omni.media.image import FORMATS, encode_image
 from triton_omni.runtime.errors import InvalidInput
@@ -29,6 +30,9 @@ class ImageEncode(Step):
 
     def input_limits(self) -> dict:
         return {"pixels": (self.params.max_images, self.params.max_side, self.params.max_side, None)}
+
+    def warmup_inputs(self, spec) -> list[dict]:
+        return image_warmup.encode_samples(spec, FORMATS)
 
     def one(self, req: Request) -> dict:
         fmt = (req.string("output_format", "") or "png").lower()

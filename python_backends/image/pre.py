@@ -17,6 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from triton_omni.diffusion.checkpoint import load_tokenizer, pipeline_folder, vae_scale_factor
+from triton_omni.image import warmup as image_warmup
 from triton_omni.image.request import ImageLimits, ImageRequest, parse_request
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, string_array
@@ -80,6 +81,9 @@ class ImagePre(Step):
 
     def uses_cfg(self, guidance_scale: float) -> bool:
         raise NotImplementedError
+
+    def warmup_inputs(self, spec) -> list[dict]:
+        return image_warmup.pre_samples(spec, self.params.default_size)
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         templated = [self.tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,

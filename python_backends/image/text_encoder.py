@@ -9,6 +9,7 @@ import torch
 
 from triton_omni.diffusion.text_encoder import PromptEncoderStep
 from triton_omni.runtime.step import StepContext
+from triton_omni.image import warmup as image_warmup
 
 
 def decoder_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, wanted: list[int],
@@ -55,6 +56,11 @@ class TextEncoderStep(PromptEncoderStep):
             # are. Per layer rather than the whole function: the mask, rotary tables and the choice of
             # states stay eager, so a new prompt length recompiles one small graph (then as dynamic).
             self.layers = [torch.compile(layer) for layer in self.layers]
+
+    def warmup_inputs(self, spec) -> list[dict]:
+        if [t.name for t in self.inputs] != [t.name for t in TextEncoderStep.inputs]:
+            return []                  # a model's own inputs (an edit model's image): its own samples
+        return image_warmup.text_encoder_samples(self.vocab, self.params.max_sequence_length)
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       wanted: list[int]) -> list[torch.Tensor]:

@@ -13,6 +13,7 @@ import torch
 
 from triton_omni.diffusion.checkpoint import load_component, pipeline_folder, vae_scale_factor
 from triton_omni.diffusion.tensors import group_by, to_output, to_torch, to_uint8
+from triton_omni.image import warmup as image_warmup
 from triton_omni.image.checks import check_latents
 from triton_omni.image.request import ServedSizes
 from triton_omni.runtime.errors import InvalidInput
@@ -51,6 +52,9 @@ class VaeDecodeStep(Step):
     def input_limits(self) -> dict:
         _, scale = self.latent_layout()
         return {"latents": (self.params.max_images, None, self.params.max_side // scale, self.params.max_side // scale)}
+
+    def warmup_inputs(self, spec) -> list[dict]:
+        return image_warmup.vae_samples(spec, *self.latent_layout())
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """VAE-space latents -> images in [-1, 1], [B, 3, H, W]."""

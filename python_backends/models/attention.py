@@ -30,7 +30,8 @@ class PagedAttention(nn.Module):
         (when norms are given) and rotated, and k/v written into the cache: one kernel on the GPU."""
         q_w, k_w = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
         eps, zero_centered = (q_norm.eps, q_norm.zero_centered) if q_norm is not None else (0.0, False)
-        q, k = dispatch.qk_norm_rope_store(q, k, v, q_w, k_w, eps, zero_centered, rotary.cos, rotary.sin, positions,
+        cos, sin, rows = rotary.tables(positions, ctx)
+        q, k = dispatch.qk_norm_rope_store(q, k, v, q_w, k_w, eps, zero_centered, cos, sin, rows,
                                            self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill and ctx.prefix_lens is not None:      # the prompts' heads are cached: read all from the cache
             return dispatch.prefill_attention_with_prefix(q, self.k_cache, self.v_cache, ctx.block_tables,

@@ -27,6 +27,10 @@ class ForwardContext:
     # prefill of prompts whose first tokens' K/V are already in the paged cache (prefix caching): per
     # sequence, how many (host); the packed tokens are each prompt's rest, at positions from there
     prefix_lens: list[int] | None = None
+    # rotary positions, where they are not `positions` (a token's place in its sequence): [T] int64, or
+    # [A, T] with one row per rotary axis (multimodal rope: time, height, width). Set only by an engine
+    # that takes spliced prompt embeddings (ar/prompt_embeds.py); None everywhere else.
+    rope_positions: torch.Tensor | None = None
     # what a model derives from the host fields once per forward and every layer reuses (e.g. the
     # delta rule's chunk layout, uploaded once rather than once per layer)
     memo: dict = field(default_factory=dict)

@@ -11,7 +11,7 @@ from torch import nn
 from triton_omni.kernels import dispatch
 from triton_omni.models.attention import PagedAttention
 from triton_omni.models.context import ForwardContext
-from triton_omni.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding, rope_inv_freq
+from triton_omni.models.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding, rotary_embedding
 
 # checkpoint name fragment -> (our merged module's name fragment, part index)
 PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -56,7 +56,8 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     """norm -> mixer (attention, or linear attention) -> norm -> MLP, residuals fused into the norms.
     Each norm runs with the projection after it (`dispatch.norm_linear`: one kernel for a batch-1
-    decode row on the GPU), so a mixer takes the output of its `first_proj`, not the hidden state."""
+    decode row on the GPU), so a mixer takes the output of its `first_proj`, not the hidden state. An
+    MLP that `norms_input` (models/moe.py) is handed the residual stream and its norm instead."""
 
     def __init__(self, config, mixer: nn.Module, mlp: nn.Module, mixer_name: str = "self_attn",
                  zero_centered: bool = False):
@@ -71,6 +72,8 @@ class DecoderLayer(nn.Module):
         mixer = getattr(self, self.mixer_name)
         projected, residual = _norm_linear(self.input_layernorm, mixer.first_proj, x, residual)
         x = mixer(projected, positions, ctx)
+        if getattr(self.mlp, "norms_input", False):      # a MoE block: it needs the normalised input itself
+            return self.mlp(x, residual, self.post_attention_layernorm)
         gate_up, residual = _norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, x, residual)
         return self.mlp.down_proj(gate_up, gated=True), residual
 
@@ -86,15 +89,18 @@ def _norm_linear(norm: RMSNorm, linear: MergedLinear, x, residual):
 class DecoderModel(nn.Module):
     def __init__(self, config, make_layer: Callable[[int, RotaryEmbedding], nn.Module], zero_centered: bool = False):
         super().__init__()
-        # inv_freq covers only the rotated dims (partial rotary); text-only mrope reduces to this
-        inv_freq, scaling = rope_inv_freq(config, head_dim(config))
-        self.rotary = RotaryEmbedding(inv_freq, config.max_position_embeddings, scaling)
+        # rotates only the first dims of a head with a partial rotary; a multimodal rope (mrope) is the
+        # 1-D rope for text tokens and differs only where the engine sets ctx.rope_positions
+        self.rotary = rotary_embedding(config, head_dim(config))
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(make_layer(i, self.rotary) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=zero_centered)
 
     def forward(self, input_ids, positions, ctx):
-        x, residual = self.embed_tokens(input_ids), None
+        """input_ids [T] (token ids), or the input embeddings [T, H] themselves (a prompt with spliced
+        embeddings: the engine embeds the ids and splices in the rest)."""
+        x = input_ids if input_ids.is_floating_point() else self.embed_tokens(input_ids)
+        residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, positions, ctx)
         x, _ = self.norm(x, residual)
@@ -119,6 +125,15 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [T] -> input embeddings [T, H] (what forward takes in their place)."""
+        return self.model.embed_tokens(input_ids)
+
+    @property
+    def rope_axes(self) -> int:
+        """Rotary position axes per token: 3 for a multimodal rope, else 1 (the engine's rope_positions rows)."""
+        return self.model.rotary.axes
 
 
 def dense_layer(config, rotary: RotaryEmbedding, qk_norm: bool) -> DecoderLayer:

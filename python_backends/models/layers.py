@@ -39,6 +39,73 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos() * scaling, persistent=False)
         self.register_buffer("sin", freqs.sin() * scaling, persistent=False)
 
+    axes = 1        # rotary position axes a token has (MRotaryEmbedding: 3)
+
+    def tables(self, positions: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cos, sin, row of each token in them) for this forward: the position tables at the tokens'
+        rotary positions (ctx.rope_positions where the engine sets them [T], else `positions`)."""
+        rope = ctx.rope_positions
+        if rope is None:
+            return self.cos, self.sin, positions
+        if rope.dim() == 2 and rope.shape[0] == 1:      # one axis's row (a spliced prompt's packed positions)
+            rope = rope[0]
+        if rope.dim() != 1:
+            raise ValueError(f"{type(self).__name__} takes one rotary axis, got positions {list(rope.shape)}")
+        return self.cos, self.sin, rope
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """Multimodal rope (Qwen-VL, Qwen3.5, Qwen3-Omni): a token has a (time, height, width) position and
+    each rotary frequency takes one axis's. `sections` [s_t, s_h, s_w] (summing to rotary_dim/2) say
+    how many frequencies each axis gets: contiguous blocks, or `interleaved` (Qwen3.5: frequency i takes
+    height if i % 3 == 1 and i < 3 s_h, width if i % 3 == 2 and i < 3 s_w, else time).
+
+    Text tokens have the same position on every axis, so without ctx.rope_positions, or with one
+    row of them (a decode step after an image), this is the 1-D rotary exactly. With [3, T] rows
+    (a prefill of a prompt with images) it gathers each token's own cos/sin row once per forward and
+    hands the kernels that per-token table with rows 0..T-1: the kernels stay 1-D."""
+
+    axes = 3
+
+    def __init__(self, inv_freq: torch.Tensor, max_positions: int, scaling: float, sections: list[int],
+                 interleaved: bool):
+        super().__init__(inv_freq, max_positions, scaling)
+        half = inv_freq.numel()
+        if sum(sections) != half or len(sections) != 3:
+            raise ValueError(f"mrope sections {sections} must be 3 numbers summing to {half} (rotary_dim / 2)")
+        axis = torch.zeros(half, dtype=torch.int64)
+        if interleaved:
+            for a in (1, 2):
+                axis[a:3 * sections[a]:3] = a
+        else:
+            axis[sections[0]:sections[0] + sections[1]] = 1
+            axis[sections[0] + sections[1]:] = 2
+        self.register_buffer("axis_of_freq", axis, persistent=False)
+
+    def tables(self, positions, ctx):
+        rope = ctx.rope_positions
+        if rope is None or rope.dim() == 1:
+            return super().tables(positions, ctx)
+        cached = ctx.memo.get("mrope_tables")
+        if cached is None:              # the same for every attention layer of this forward
+            per_freq = rope[self.axis_of_freq]                          # [rd/2, T]: each frequency's position
+            freq = torch.arange(per_freq.shape[0], device=rope.device)[:, None]
+            cached = ctx.memo["mrope_tables"] = (self.cos[per_freq, freq].T.contiguous(),
+                                                 self.sin[per_freq, freq].T.contiguous(),
+                                                 torch.arange(rope.shape[1], device=rope.device))
+        return cached
+
+
+def rotary_embedding(config, head_dim: int) -> RotaryEmbedding:
+    """The rotary a config asks for: multimodal (`mrope_section` in its rope parameters) or 1-D."""
+    inv_freq, scaling = rope_inv_freq(config, head_dim)
+    params = getattr(config, "rope_parameters", None) or {}
+    sections = params.get("mrope_section")
+    if sections:
+        return MRotaryEmbedding(inv_freq, config.max_position_embeddings, scaling, list(sections),
+                                bool(params.get("mrope_interleaved", False)))
+    return RotaryEmbedding(inv_freq, config.max_position_embeddings, scaling)
+
 
 def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and attention scaling for any rope type transformers knows."""

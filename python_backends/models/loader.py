@@ -2,17 +2,25 @@
 
 Parameter names stay the checkpoint's own; a model class lists the projections it fuses
 (`packed`: "q_proj" -> ("qkv_proj", 0)) and may rename prefixes (`rename`: e.g. the language model
-inside a multimodal checkpoint). Every parameter must be filled, or loading fails naming the missing.
+inside a multimodal checkpoint). A mixture-of-experts layer keeps its experts stacked (`experts.gate_up_proj`
+[E, 2I, H], `experts.down_proj` [E, H, I], as transformers 5 does): checkpoints with those tensors load
+them by name, checkpoints with one tensor per expert (`experts.3.gate_proj.weight`, Qwen3-MoE's) into
+their slices. Every parameter must be filled, or loading fails naming the missing.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+# one expert's projection in a per-expert checkpoint -> the stacked parameter it is a slice of
+EXPERT_TENSOR = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+STACKED = {"gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj"}
 
 
 def checkpoint_tensors(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -45,20 +53,25 @@ def checkpoint_names(folder: str | Path) -> list[str]:
 
 def placement(model: nn.Module):
     """checkpoint name -> (the model's parameter name, part index in a merged module or None), or
-    (None, None) for a name the model skips; by the model's `rename`, `skip_prefixes`, `skip_parts`
-    (name fragments, e.g. another path's modules inside each layer) and `packed`."""
+    (None, None) for a name the model skips; by the model's `rename`, `skip_prefixes`, `skip_parts` (name
+    fragments, e.g. another path's modules inside each layer) and `packed`, and one expert's tensor into
+    the stacked experts where the model has them (part: (expert, projection))."""
     packed: dict[str, tuple[str, int]] = getattr(model, "packed", {})
     rename: dict[str, str] = getattr(model, "rename", {})
     skip: tuple[str, ...] = getattr(model, "skip_prefixes", ())
     skip_parts: tuple[str, ...] = getattr(model, "skip_parts", ())
+    names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
 
-    def place(name: str) -> tuple[str | None, int | None]:
+    def place(name: str) -> tuple[str | None, int | tuple | None]:
         for old, new in rename.items():
             if name.startswith(old):
                 name = new + name[len(old):]
                 break
         if name.startswith(skip) or any(part in name for part in skip_parts):
             return None, None
+        expert = EXPERT_TENSOR.search(name)
+        if expert and f"{name[:expert.start()]}.experts.{STACKED[expert[2]]}" in names:
+            return f"{name[:expert.start()]}.experts.{STACKED[expert[2]]}", (int(expert[1]), expert[2])
         for frag, (merged, index) in packed.items():
             if f".{frag}." in name:
                 return name.replace(f".{frag}.", f".{merged}."), index
@@ -104,9 +117,12 @@ def load_weights(model: nn.Module, folder: str | Path,
     for n, p in params.items():
         mod = n.rsplit(".", 1)
         owner = model.get_submodule(mod[0]) if len(mod) == 2 else model
-        parts = len(getattr(owner, "out_sizes", [])) if hasattr(owner, "load_part") else 0
-        names = [f"{n}#{i}" for i in range(parts)] if parts else [n]
-        if not all(x in filled for x in names) and not (n in tied and any(t in filled for t in tied)):
+        parts = []                       # a merged parameter is filled whole or by all of its parts
+        if hasattr(owner, "load_part"):
+            parts = owner.parts(mod[1]) if hasattr(owner, "parts") else range(len(owner.out_sizes))
+        names = [f"{n}#{i}" for i in parts]
+        if not (n in filled or (names and all(x in filled for x in names))) \
+                and not (n in tied and any(t in filled for t in tied)):
             missing.append(n)
     if missing:
         raise KeyError(f"{folder}: checkpoint lacks {len(missing)} parameter(s), e.g. {missing[:5]}")

@@ -8,8 +8,9 @@ A hybrid: `config.layer_types` makes each layer either
   with decay a_t = exp(g_t). Prefill runs it chunk-parallel, decode one step for all sequences.
 - "full_attention": softmax attention over the paged KV cache whose output is gated by
   sigmoid(gate) (q_proj yields query and gate), with q/k RMSNorm and partial rotary (the first
-  `partial_rotary_factor` of each head). Its mrope reduces to plain 1-D rope for text: all three
-  position components are the token's position, so every frequency sees that same position.
+  `partial_rotary_factor` of each head). Its mrope (layers.MRotaryEmbedding) reduces to plain 1-D
+  rope for text: all three position components are the token's position. A prompt with images or
+  video carries its own (time, height, width) positions (ar/prompt_embeds.py).
 All RMSNorms but the DeltaNet output norm are zero-centred (scale by 1 + weight).
 """
 from __future__ import annotations
@@ -129,16 +130,17 @@ class Qwen3_5Attention(nn.Module):
         return self.o_proj(o)
 
 
-def qwen3_5_layer(config, layer_type: str, rotary: RotaryEmbedding) -> DecoderLayer:
-    """A Gated DeltaNet layer or a gated attention layer, as `config.layer_types` says."""
+def qwen3_5_layer(config, layer_type: str, rotary: RotaryEmbedding, mlp: nn.Module | None = None) -> DecoderLayer:
+    """A Gated DeltaNet layer or a gated attention layer, as `config.layer_types` says; its MLP dense
+    unless given (Qwen3.5-MoE's experts)."""
     if layer_type == "linear_attention":
         mixer, name = Qwen3_5GatedDeltaNet(config), "linear_attn"
     elif layer_type == "full_attention":
         mixer, name = Qwen3_5Attention(config, rotary), "self_attn"
     else:
         raise ValueError(f"unknown Qwen3.5 layer type {layer_type!r}")
-    return DecoderLayer(config, mixer, GatedMLP(config.hidden_size, config.intermediate_size), mixer_name=name,
-                        zero_centered=True)
+    mlp = mlp if mlp is not None else GatedMLP(config.hidden_size, config.intermediate_size)
+    return DecoderLayer(config, mixer, mlp, mixer_name=name, zero_centered=True)
 
 
 class Qwen3_5ForCausalLM(CausalLM):

@@ -1,6 +1,7 @@
 """Pick and load the engine's model class for a Hugging Face checkpoint folder."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 from pathlib import Path
@@ -10,6 +11,7 @@ from torch import nn
 
 from triton_omni.models import quant
 from triton_omni.models.loader import checkpoint_names, load_weights
+from triton_omni.models.moe import SparseMoeBlock
 
 
 # model_type -> (module, class); imported only when a checkpoint of that type is loaded
@@ -17,6 +19,9 @@ MODELS = {
     "qwen3": ("triton_omni.models.qwen3", "Qwen3ForCausalLM"),
     "qwen3_5": ("triton_omni.models.qwen3_5", "Qwen3_5ForCausalLM"),
     "qwen3_5_text": ("triton_omni.models.qwen3_5", "Qwen3_5ForCausalLM"),
+    "qwen3_moe": ("triton_omni.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "qwen3_5_moe": ("triton_omni.models.qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
+    "qwen3_5_moe_text": ("triton_omni.models.qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
     "llama": ("triton_omni.models.llama", "LlamaForCausalLM"),
     # speech recognition: the decoder of an audio-encoder + LLM checkpoint (its encoder runs in asr/)
     "qwen3_asr": ("triton_omni.models.qwen3", "Qwen3ASRDecoder"),
@@ -56,14 +61,26 @@ def text_config(folder: str | Path):
     return text, config.model_type
 
 
-def build_causal_lm(folder: str | Path, device: str | torch.device) -> nn.Module:
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None):
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or saved)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def build_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.dtype | None = None) -> nn.Module:
     """The model class for the folder's config.json, built on `device` with uninitialised weights (on
-    the meta device: no memory, which is how the converter checks a checkpoint's tensors)."""
+    the meta device: no memory, which is how the converter checks a checkpoint's tensors), its
+    parameters in `dtype` from the start (a 30B MoE built in fp32 first would need 120 GB of memory
+    to hold 60 GB of bf16 weights; rotary tables are fp32 either way)."""
     config, model_type = text_config(folder)
     if model_type not in MODELS:
         raise ValueError(f"{folder}: model_type {model_type!r} is not supported; supported: {sorted(MODELS)}")
     module, name = MODELS[model_type]
-    with torch.device(device):
+    with torch.device(device), _default_dtype(dtype):
         return getattr(importlib.import_module(module), name)(config)
 
 
@@ -73,10 +90,13 @@ def load_causal_lm(folder: str | Path, device: str | torch.device, dtype: torch.
     benchmarks of real-size shapes without their weights). `quantization` (models/quant.py SCHEMES):
     the linear layers in FP8, and the lm_head too with `lm_head`; an FP8 checkpoint's own blocks are
     kept where the model can hold them."""
-    model = build_causal_lm(folder, device)
+    model = build_causal_lm(folder, device, dtype)
     fp8 = quantization != quant.NONE
     if fp8:
         quant.check_scheme(quantization, device)
+        if any(isinstance(m, SparseMoeBlock) for m in model.modules()):
+            raise ValueError(f"parameter 'quantization': {quantization} is not supported for mixture-of-experts "
+                             f"models ({type(model).__name__}); their experts are served in 16 bits")
     elif lm_head:
         raise ValueError(f"parameter 'quantize_lm_head': needs quantization {' or '.join(quant.SCHEMES)}")
     if dummy:

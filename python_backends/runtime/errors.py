@@ -37,11 +37,18 @@ def error_message(exc: BaseException, internal: bool) -> str:
     return msg
 
 
+ERROR_CODES = ((InvalidInput, "INVALID_ARG"), (Unsupported, "UNSUPPORTED"), (Cancelled, "CANCELLED"),
+               (Unavailable, "UNAVAILABLE"))
+
+
+def error_code(exc: BaseException) -> str:
+    """The name of the Triton error code `exc` becomes (also the `code` label of the error counters)."""
+    return next((code for cls, code in ERROR_CODES if isinstance(exc, cls)), "INTERNAL")
+
+
 def to_triton_error(exc: BaseException, pb_utils):
-    codes = {InvalidInput: pb_utils.TritonError.INVALID_ARG, Unsupported: pb_utils.TritonError.UNSUPPORTED,
-             Cancelled: pb_utils.TritonError.CANCELLED, Unavailable: pb_utils.TritonError.UNAVAILABLE}
-    code = next((c for cls, c in codes.items() if isinstance(exc, cls)), pb_utils.TritonError.INTERNAL)
-    return pb_utils.TritonError(error_message(exc, code == pb_utils.TritonError.INTERNAL), code)
+    code = error_code(exc)
+    return pb_utils.TritonError(error_message(exc, code == "INTERNAL"), getattr(pb_utils.TritonError, code))
 
 
 def forget_traceback(exc: BaseException) -> None:

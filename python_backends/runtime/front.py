@@ -92,12 +92,45 @@ class StreamFront:
         self.reshape = not self.batched and params.get("ensemble_batched") == "true"
         self.steps_batched = self.batched or self.reshape
         self.active: dict[str, _Stream] = {}   # inner request id -> the client's stream
+        # Triton's own warmup requests (model_warmup, written by the converter) come first: answered here
+        self.warmups = sum(max(1, int(w.get("count", 1) or 1)) for w in config.get("model_warmup", []))
         self.lock = threading.Lock()
         self._stop = False
         self.watcher = threading.Thread(target=self._watch, name="front-cancel", daemon=True)
         self.watcher.start()
+        self._warm_bls()
+
+    def _answer_warmup(self, requests) -> None:
+        """Triton's warmup requests, before the model is ready: the way in (inputs copied, a response
+        sender, a relay thread) and out (a response sent) without the ensemble, which may still be loading."""
+        for request in requests:
+            with STUB_LOCK:
+                [self.pb.Tensor(t.name(), t.as_numpy().copy()) for t in request.inputs()]
+                stream = _Stream(request.get_response_sender(), self.pb)
+            relay = threading.Thread(target=stream.finish, args=(self.pb.InferenceResponse(output_tensors=[]),),
+                                     name="front-warmup", daemon=True)
+            relay.start()
+            relay.join()
+        return None
+
+    def _warm_bls(self) -> None:
+        """One decoupled BLS call before the model is ready, so the first client's relay does not pay
+        for setting up the stub's BLS path (~30-45 ms on a CPU). The ensemble may not be loaded yet, so
+        the call goes to a model that does not exist and its error is the expected answer."""
+        pb = self.pb
+        try:
+            with STUB_LOCK:
+                req = pb.InferenceRequest(model_name=f"{self.ensemble}__warmup_no_such_model",
+                                          inputs=[pb.Tensor("x", np.zeros([1], np.int32))], requested_output_names=[])
+            for _ in req.exec(decoupled=True):
+                pass
+        except Exception:  # noqa: BLE001 - an error is the expected answer
+            pass
 
     def execute(self, requests):
+        if self.warmups > 0:
+            self.warmups -= len(requests)
+            return self._answer_warmup(requests)
         for request in requests:
             # The request is released when execute returns: copy its inputs now, keep only the
             # sender. A daemon thread per stream: a relay waiting on the ensemble never holds up

@@ -175,6 +175,11 @@ class Step:
         request with INVALID_ARG naming the input before the step sees it; None leaves a dimension free."""
         return {}
 
+    def warmup_inputs(self, spec) -> list[dict[str, Any]]:
+        """Sample requests that warm this step up at load (runtime/warmup.py runs each at the spec's
+        batch sizes): one request's tensors each, without the batch dimension. [] (the default): none."""
+        return []
+
     def one(self, request: Request) -> dict[str, Any]:
         raise NotImplementedError
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from triton_omni.runtime.errors import InvalidInput, error_message, forget_traceback, to_triton_error
+from triton_omni.runtime import metrics, warmup
+from triton_omni.runtime.errors import InvalidInput, error_code, error_message, forget_traceback, to_triton_error
 from triton_omni.runtime.guards import InputGuard
 from triton_omni.runtime.params import parse_params
 from triton_omni.runtime.step import Request, ResponseSink, Step, StepContext
@@ -64,6 +65,7 @@ class _TritonSink(ResponseSink):
             if self.done:
                 return
             self.done = True
+            self.adapter.errors.inc(error_code(exc))
             self.sender.send(pb.InferenceResponse(error=to_triton_error(exc, pb)),
                              flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -90,6 +92,7 @@ class _Adapter:
         self.batched = int(config.get("max_batch_size", 0)) > 0
         # upper-case keys are python-backend settings (FORCE_CPU_ONLY_INPUT_TENSORS), not step parameters
         raw = {k: v["string_value"] for k, v in config.get("parameters", {}).items() if not k.isupper()}
+        warmup_spec = warmup.WarmupSpec.parse(raw.pop(warmup.PARAMETER, ""))
         params = parse_params(self.step_cls.Params, raw)
         gpu = args.get("model_instance_kind") == "GPU"
         device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
@@ -100,6 +103,31 @@ class _Adapter:
         self.input_names = [t.name for t in self.step_cls.inputs]
         self.step = self.step_cls(ctx)
         self.guard = InputGuard(self.step_cls.inputs, self.step.input_limits())
+        self.warm(warmup_spec, ctx)
+        # Triton's own warmup requests (model_warmup, written by the converter) arrive before any other
+        self.triton_warmups = sum(max(1, int(w.get("count", 1) or 1)) for w in config.get("model_warmup", []))
+        self.warmup_spec = warmup_spec
+        name = args["model_name"]
+        self.requests = metrics.Counter("triton_omni_requests_total", "requests a step received", name)
+        self.errors = metrics.CounterByLabel("triton_omni_request_errors_total",
+                                             "requests a step answered with an error, by Triton error code",
+                                             name, "code")
+
+    def warm(self, spec: warmup.WarmupSpec, ctx: StepContext) -> None:
+        """This instance's warmup (runtime/warmup.py), before Triton calls the model ready. A failed
+        warmup is logged, not fatal: the model still serves, only its first requests pay the first-call costs."""
+        try:
+            wanted = {t.name for t in self.step_cls.outputs}
+
+            def respond(outputs):           # built as a response would be, not sent
+                with STUB_LOCK:
+                    self.pb_utils.InferenceResponse(output_tensors=self.output_tensors(outputs, wanted))
+            with metrics.paused():
+                done = warmup.run(self.step, spec, ctx.max_batch_size, respond)
+            self.pb_utils.Logger.log_info(f"{ctx.model_name}: warmup: {done}")
+        except Exception as exc:  # noqa: BLE001
+            self.pb_utils.Logger.log_error(f"{ctx.model_name}: warmup failed, serving unwarmed: "
+                                           + error_message(exc, internal=True))
 
     # -- tensors ------------------------------------------------------------------------------
     def read_request(self, request) -> Request:
@@ -137,6 +165,16 @@ class _Adapter:
 
     # -- execution ----------------------------------------------------------------------------
     def execute(self, requests):
+        if self.triton_warmups > 0 and not self.step_cls.decoupled:
+            self.triton_warmups -= len(requests)
+            return self._answer_warmup(requests)
+        self.requests.inc(len(requests))
+        try:
+            return self._execute(requests)
+        finally:
+            metrics.flush()
+
+    def _execute(self, requests):
         if self.step_cls.decoupled:
             with STUB_LOCK:                 # the step's own threads send responses meanwhile
                 for r in requests:
@@ -167,6 +205,7 @@ class _Adapter:
             if isinstance(result, BaseException):
                 self._log_unexpected(result)
                 forget_traceback(result)
+                self.errors.inc(error_code(result))
                 responses.append(pb.InferenceResponse(error=to_triton_error(result, pb)))
             else:
                 try:
@@ -174,7 +213,27 @@ class _Adapter:
                     responses.append(pb.InferenceResponse(output_tensors=self.output_tensors(result, wanted)))
                 except Exception as exc:  # noqa: BLE001
                     self._log_unexpected(exc)
+                    self.errors.inc(error_code(exc))
                     responses.append(pb.InferenceResponse(error=to_triton_error(exc, pb)))
+        return responses
+
+    def _answer_warmup(self, requests) -> list:
+        """Triton's warmup requests (zeros): each answered with the step's result on its own warmup sample,
+        so the way out (tensors, response) is warmed too. Never an error: that would fail the model's load."""
+        pb = self.pb_utils
+        samples = warmup.samples_of(self.step, self.warmup_spec)
+        responses = []
+        for r in requests:
+            outputs = {}
+            if samples:
+                try:
+                    with metrics.paused():
+                        result = self.step.execute([warmup.request(samples[0])])[0]
+                    outputs = {} if isinstance(result, BaseException) else result
+                except Exception as exc:  # noqa: BLE001
+                    pb.Logger.log_error(f"{self.step_cls.step_name}: warmup request failed: {error_message(exc, True)}")
+            responses.append(pb.InferenceResponse(output_tensors=self.output_tensors(outputs,
+                                                                                    set(r.requested_output_names()))))
         return responses
 
     def _log_unexpected(self, exc: BaseException) -> None:
@@ -189,6 +248,8 @@ class _Adapter:
         # now, while the stub can still release them. Left to the collection at interpreter exit,
         # after the stub has unmapped its shared memory, each crashed the stub (SIGSEGV).
         self.step = None
+        self.requests = self.errors = None
+        metrics.close()
         gc.collect()
 
 

@@ -127,6 +127,12 @@ class ChatPreprocess(Step):
     def input_limits(self) -> dict:
         return {"prompt_token_ids": (self.params.max_model_len,)}
 
+    def warmup_inputs(self, spec) -> list[dict]:
+        """A chat message of about each `tokens` length (default 16): the template compiles on its first use."""
+        return [{"messages": string_array(json.dumps([{"role": "user", "content": " ".join(["warm"] * n)}])),
+                 "sampling_parameters": string_array(json.dumps({"max_tokens": 4}))}
+                for n in spec.tokens or [16] if n < self.params.max_model_len // 2]
+
     def prompt_text(self, req: Request, tools: "ToolRequest") -> str | list[int]:
         """The text to tokenize: `text_input` as given, or `messages` through the chat template."""
         most = self.params.max_messages_bytes

@@ -80,6 +80,14 @@ class Detokenize(Step):
         n = self.params.max_model_len
         return {"token_ids": (n,), "token_channels": (n,)}
 
+    def warmup_inputs(self, spec) -> list[dict]:
+        one = lambda v: np.array([v], dtype=np.int32)  # noqa: E731
+        ids = np.random.default_rng(0).integers(0, len(self.tokenizer), 8, dtype=np.int32)
+        plain = {"token_ids": ids, "num_context": one(4), "stop_text": string_array(""),
+                 "finish_reason": string_array(""), "prompt_tokens": one(16), "completion_tokens": one(8)}
+        channels = np.array([REASONING] * 4 + [CONTENT] * 4, dtype=np.int32)      # a chat answer's split
+        return [plain, {**plain, "token_channels": channels}]
+
     def split(self, ids: list[int], channels: list[int], num_context: int, stop: str) -> dict[int, list[str]]:
         """The new tokens' text per channel, run by run (a tool call's run is one call's body)."""
         out: dict[int, list[str]] = {CONTENT: [], REASONING: [], TOOL: []}

@@ -67,6 +67,9 @@ class FrameTalker(ARDecode):
             engine.runner.capture_graphs()
         return engine
 
+    def warmup_inputs(self, spec) -> list[dict]:
+        return []          # a talker's prompt is its model's own (the AR step's random token prompts do not fit)
+
     # -- the delivery thread ------------------------------------------------------------------
     def _deliver(self, reply: FrameReply, new: list[list[int]], reason: str | None) -> None:
         reply.n_released += len(new)

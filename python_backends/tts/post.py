@@ -11,10 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from triton_omni.media import audio
+from triton_omni.media.audio import RESPONSE_FORMATS
 from triton_omni.runtime.spec import TensorSpec
-from triton_omni.runtime.step import Request, Step, register
+from triton_omni.runtime.step import Request, Step, StepContext, register, string_array
 from triton_omni.tts.checks import MAX_AUDIO_SECONDS, max_samples, waveform
 from triton_omni.tts.request import SPEECH, Speech
+from triton_omni.tts.speech_metrics import SpeechMetrics
 
 
 @dataclass
@@ -37,8 +39,18 @@ class SpeechPost(Step):
     )
     Params = SpeechPostParams
 
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        self.metrics = SpeechMetrics(ctx.model_name)
+
     def input_limits(self) -> dict:
         return {"waveform": (max_samples(self.params.max_seconds),)}
+
+    def warmup_inputs(self, spec) -> list[dict]:
+        """Half a second of noise as a streamed PCM chunk and as each file format (each encoder's first use)."""
+        wave = np.random.default_rng(0).uniform(-0.5, 0.5, 12000).astype(np.float32)
+        common = {"waveform": wave, "sample_rate": np.array([24000], np.int32), "finish_reason": string_array("stop")}
+        return [{**common, "speech": Speech(0, fmt, fmt == "pcm").tensor()} for fmt in RESPONSE_FORMATS]
 
     def one(self, req: Request) -> dict:
         speech = Speech.from_request(req)
@@ -47,6 +59,9 @@ class SpeechPost(Step):
             data = audio.pcm_bytes(wave)
         else:
             data = audio.encode(wave, rate, speech.response_format)
+        self.metrics.chunk(req.request_id, speech.arrival, speech.seed, len(wave), rate,
+                           final=bool(req.string("finish_reason")))
+        if not speech.stream:
             rate = audio.file_rate(speech.response_format, rate)
         return {"audio": np.array([data], dtype=np.object_),
                 "sample_rate": np.asarray([rate], dtype=np.int32),

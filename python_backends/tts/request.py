@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -48,23 +49,29 @@ class Speech:
     seed: int
     response_format: str = DEFAULT_FORMAT
     stream: bool = False
+    # wall-clock time the request reached the model (set when a pre step writes the tensor): the post
+    # step's time-to-first-audio and real-time-factor metrics count from it
+    arrival: float = field(default=0.0, compare=False)
 
     def tensor(self) -> np.ndarray:
-        return string_array(json.dumps(asdict(self)))
+        return string_array(json.dumps({**asdict(self), "arrival": self.arrival or time.time()}))
 
     @classmethod
     def from_request(cls, req: Request) -> "Speech":
         """The `speech` tensor a pre step wrote, checked (any step can be called directly)."""
         raw = req.json("speech", {})
-        if not isinstance(raw, dict) or not set(raw) <= {"seed", "response_format", "stream"}:
-            raise InvalidInput("speech", "expected a JSON object of seed, response_format and stream")
+        if not isinstance(raw, dict) or not set(raw) <= {"seed", "response_format", "stream", "arrival"}:
+            raise InvalidInput("speech", "expected a JSON object of seed, response_format, stream and arrival")
         seed = check_seed("speech.seed", raw.get("seed"))
         fmt, stream = raw.get("response_format", DEFAULT_FORMAT), raw.get("stream", False)
+        arrival = raw.get("arrival", 0.0)
+        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not 0 <= arrival < 1e11:
+            raise InvalidInput("speech.arrival", f"expected seconds since the epoch, got {arrival!r}")
         if fmt not in RESPONSE_FORMATS:
             raise InvalidInput("speech.response_format", f"expected one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}")
         if not isinstance(stream, bool):
             raise InvalidInput("speech.stream", f"expected true or false, got {stream!r}")
-        return cls(seed, fmt, stream)
+        return cls(seed, fmt, stream, float(arrival))
 
 
 def speech_tensor(req: Request) -> np.ndarray:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from triton_omni.runtime.spec import TensorSpec
-from triton_omni.runtime.step import Request, StepContext, register
+from triton_omni.runtime.step import Request, StepContext, register, string_array
 from triton_omni.text.tokenizer import load_tokenizer
 from triton_omni.tts.chunking import ChunkedCodec, ChunkPlan, Window
 from triton_omni.tts.orpheus.snac import PositionalNoise, load_snac
@@ -57,6 +57,15 @@ class OrpheusCodec(ChunkedCodec):
 
     def input_limits(self) -> dict:
         return {"token_ids": (self.params.max_model_len,)}     # a non-streamed reply's tokens, all at once
+
+    def warmup_inputs(self, spec) -> list[dict]:
+        """A streamed utterance's tokens in one final response: its first chunk and two after it decode."""
+        p = self.params
+        n = TPF * (p.first_chunk_frames + 2 * p.chunk_frames + self.plan.right)
+        i32 = lambda v: np.array([v], np.int32)  # noqa: E731
+        return [{"token_ids": np.random.default_rng(0).integers(0, 1 << 16, n, dtype=np.int32), "num_context": i32(0),
+                 "completion_tokens": i32(n), "finish_reason": string_array("length"),
+                 "speech": Speech(0, "pcm", True).tensor()}]
 
     def windows(self, index: int, req: Request) -> list[Window]:
         ids = req.get("token_ids")

@@ -52,6 +52,9 @@ class OrpheusPre(Step):
         self.tokenizer = load_tokenizer(ctx.checkpoint(self.params.checkpoint))
         self.tokens = OrpheusTokens.from_tokenizer(self.tokenizer)
 
+    def warmup_inputs(self, spec) -> list[dict]:
+        return [{"text": string_array("A short warm-up sentence."), "stream": np.array([True])}]
+
     def sampling(self, req: Request, prompt_len: int) -> SamplingParams:
         raw = req.json(SAMPLING) or {}
         if isinstance(raw, dict) and "stop" in raw:

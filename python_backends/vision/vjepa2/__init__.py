@@ -1,0 +1,1 @@
+"""V-JEPA2 video embeddings: encoder and steps."""
