@@ -54,9 +54,9 @@ def test_later_segments_wait_for_earlier_ones_and_headers_stay_out():
     assert pieces(sink)[:3] == [([1], False, True), ([2], False, False), ([4, 5], True, False)]
     final, last = sink.sent[-1]
     assert last and all(not f for _, f in sink.sent[:-1])
-    assert final["finish_reason"].tolist() == ["stop"] and final["segment_token_counts"].tolist() == [2, 2]
+    assert final["finish_reason"].tolist() == [b"stop"] and final["segment_token_counts"].tolist() == [2, 2]
     assert final["segment_token_ids"].tolist() == [1, 2, 4, 5]
-    assert json.loads(final["segment_headers"][0]) == ["language English", ""]
+    assert json.loads(final["segment_headers"][0].decode()) == ["language English", ""]
     assert all(np.array_equal(o["segment_spans"], spans) for o, _ in sink.sent)
 
 
@@ -67,7 +67,7 @@ def test_without_streaming_one_final_response():
     t.sink_of(0).send(reply([1, 2], 0, "stop"), final=True)
     assert len(sink.sent) == 1 and sink.sent[0][1]
     final = sink.sent[0][0]
-    assert final["streamed"].tolist() == [False] and final["finish_reason"].tolist() == ["length"]
+    assert final["streamed"].tolist() == [False] and final["finish_reason"].tolist() == [b"length"]
     assert final["segment_token_ids"].tolist() == [1, 2, 3]
 
 
