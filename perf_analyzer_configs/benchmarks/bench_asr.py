@@ -212,8 +212,9 @@ def summarize(model, mode, c, seconds, rounds) -> dict:
 def intro(data) -> list[str]:
     return [f"Random weights in the released shapes; {data['seconds']:g}-second clips (16 kHz mono WAV), c requests "
             "sent together. RTFx: audio seconds transcribed per wall second. First text: request sent -> its first "
-            "response with text (a CTC model answers once: its latency). Baseline: transformers OmniASRForCTC, one "
-            "padded batch of the c clips, eager (no compile)."]
+            "response with text (a CTC model answers once: its latency; Qwen3-ASR streams: its first token). Baselines, "
+            "eager (no compile), one padded batch of the c clips: transformers OmniASRForCTC; Qwen3ASRForConditionalGeneration"
+            f".generate, greedy, {data.get('tokens', 128)} new tokens a request (as every Qwen3-ASR row)."]
 
 
 def against_baseline(rows, data) -> list[str]:
