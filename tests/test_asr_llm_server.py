@@ -183,3 +183,37 @@ def test_long_audio_in_segments_in_order(client, sdk, speech):
     assert result.text == " ".join(s["text"] for s in result.segments if s["text"])
     streamed = "".join(client.stream(MODEL, data, language="en"))
     assert streamed == result.text
+
+
+def test_internal_steps_refuse_bad_tensors_by_name(server, client, speech):
+    """The encoder, the decoder and the post step called directly (as any step can be) with tensors the
+    steps before them never make."""
+    from triton_omni.client.triton import responses
+
+    spans = lambda rows: (np.asarray(rows, np.int64).reshape(-1, 4), "INT64")     # noqa: E731
+    one = spans([[0, 16000, 0, 16000]])
+    options = ('{"duration": 1.0}', "BYTES")
+    ids = lambda v: (np.asarray(v, np.int32), "INT32")                            # noqa: E731
+    rows = lambda n: (np.zeros((n, 64), np.float32), "FP32")                      # noqa: E731
+    cases = [
+        (f"{MODEL}_encoder", {"samples": (np.zeros(16000, np.float32), "FP32"), "segment_spans": spans([[0, 8000, 0, 8000]])},
+         "segment_spans", "add up to 8000"),
+        (f"{MODEL}_ar", {"input_ids": ids([1, 2, 3]), "prompt_lens": ids([2]), "segment_spans": one,
+                         "transcription": options}, "prompt_lens", "add up to"),
+        (f"{MODEL}_ar", {"input_ids": ids([1, 5, 5, 3]), "prompt_lens": ids([4]), "prompt_embeds": rows(3),
+                         "segment_spans": one, "transcription": options}, "prompt_embeds", "expected [2, hidden]"),
+        (f"{MODEL}_ar", {"input_ids": ids([1, 10**6]), "prompt_lens": ids([2]), "segment_spans": one,
+                         "transcription": options}, "input_ids", "token ids must be in"),
+        (f"{MODEL}_ar", {"input_ids": ids([1, 2]), "prompt_lens": ids([2]), "segment_spans": spans([[0, 1, 0, 1]] * 2),
+                         "transcription": options}, "segment_spans", "2 segments for 1 prompts"),
+        (f"{MODEL}_post", {"token_ids": ids([]), "num_context": ids([0]), "new_segment": (np.array([False]), "BOOL"),
+                           "first_text": (np.array([False]), "BOOL"), "streamed": (np.array([False]), "BOOL"),
+                           "finish_reason": ("stop", "BYTES"), "segment_token_ids": ids([1, 2]),
+                           "segment_token_counts": ids([5]), "segment_headers": ('[""]', "BYTES"), "segment_spans": one,
+                           "transcription": options}, "segment_token_counts", "adding up to 5"),
+    ]
+    for model, values, field, message in cases:
+        with pytest.raises(InferenceServerException) as e:
+            list(responses(server.grpc_url, model, values, 60))
+        assert f"field '{field}'" in e.value.message() and message in e.value.message(), (model, e.value.message())
+    assert client.transcribe(MODEL, speech["short"], language="en").text is not None      # the steps serve on
