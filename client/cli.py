@@ -149,10 +149,16 @@ def speech(args) -> int:
 
 def transcribe(args) -> int:
     words = args.words
+    client = TranscribeClient(args.url, timeout_s=args.timeout)
+    options = dict(language=args.language, prompt=args.prompt, temperature=args.temperature, translate=args.translate)
+    if args.stream:                        # the text as the model writes it (models that stream)
+        for piece in client.stream(args.model, args.audio.read_bytes(), **options):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        return 0
     with progress("transcribe"):
-        result = TranscribeClient(args.url, timeout_s=args.timeout).transcribe(
-            args.model, args.audio.read_bytes(), language=args.language, prompt=args.prompt,
-            temperature=args.temperature, words=words)
+        result = client.transcribe(args.model, args.audio.read_bytes(), words=words, **options)
     body = result.render(args.format, words)
     body = json.dumps(body, ensure_ascii=False, indent=2) if isinstance(body, dict) else body
     print(body)
@@ -284,6 +290,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--temperature", type=float, default=None, help="0 = greedy (models that sample)")
     t.add_argument("--format", choices=TRANSCRIPT_FORMATS, default="text", help="what to print (and write)")
     t.add_argument("--words", action="store_true", help="word timestamps (in verbose_json)")
+    t.add_argument("--translate", action="store_true", help="into English (models that translate)")
+    t.add_argument("--stream", action="store_true", help="print the text as it is decoded (models that stream)")
     t.set_defaults(run=transcribe)
 
     def image_args(p, formats=True):

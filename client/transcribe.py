@@ -25,6 +25,7 @@ class Transcription:
     duration: float = 0.0
     segments: list[dict] = field(default_factory=list)
     words: list[dict] = field(default_factory=list)
+    task: str = "transcribe"               # or "translate"
 
     @classmethod
     def from_responses(cls, replies: Iterable[Outputs]) -> "Transcription":
@@ -47,7 +48,7 @@ class Transcription:
         return {"type": "duration", "seconds": math.ceil(self.duration)}
 
     def verbose(self, words: bool) -> dict:
-        body = {"task": "transcribe", "language": self.language, "duration": self.duration, "text": self.text,
+        body = {"task": self.task, "language": self.language, "duration": self.duration, "text": self.text,
                 "segments": self.segments}
         if words:
             body["words"] = self.words
@@ -89,12 +90,14 @@ def vtt(segments: list[dict]) -> str:
 
 
 def request_values(audio: bytes, language: str | None = None, prompt: str | None = None,
-                   temperature: float | None = None, words: bool = False, stream: bool = False) -> dict:
-    """The ensemble's inputs for one transcription (None: left out)."""
+                   temperature: float | None = None, words: bool = False, stream: bool = False,
+                   translate: bool = False) -> dict:
+    """The ensemble's inputs for one transcription (None: left out). `translate`: into English, by a
+    model that translates (it has the `task` input)."""
     return {"audio": (audio, "BYTES"), "language": (language, "BYTES"), "prompt": (prompt, "BYTES"),
             "temperature": (temperature, "FP32"),
             "timestamp_granularities": ("segment,word" if words else None, "BYTES"),
-            "stream": (True if stream else None, "BOOL")}
+            "stream": (True if stream else None, "BOOL"), "task": ("translate" if translate else None, "BYTES")}
 
 
 class TranscribeClient:
@@ -106,6 +109,15 @@ class TranscribeClient:
         return responses(self.url, model, request_values(audio, **options), self.timeout_s)
 
     def transcribe(self, model: str, audio: bytes, language: str | None = None, prompt: str | None = None,
-                   temperature: float | None = None, words: bool = False) -> Transcription:
-        return Transcription.from_responses(self.responses(model, audio, language=language, prompt=prompt,
-                                                           temperature=temperature, words=words))
+                   temperature: float | None = None, words: bool = False, translate: bool = False) -> Transcription:
+        result = Transcription.from_responses(self.responses(model, audio, language=language, prompt=prompt,
+                                                             temperature=temperature, words=words, translate=translate))
+        result.task = "translate" if translate else "transcribe"
+        return result
+
+    def stream(self, model: str, audio: bytes, **options) -> Iterator[str]:
+        """The transcript's text as the model streams it, piece by piece."""
+        for outputs in self.responses(model, audio, stream=True, **options):
+            piece = text(outputs, "text")
+            if piece:
+                yield piece

@@ -27,6 +27,7 @@ def builders() -> dict:
     from triton_omni.converters.tiny_chat import BUILDERS as CHAT
     from triton_omni.converters.tiny_chatterbox import BUILDERS as CHATTERBOX
     from triton_omni.converters.tiny_fish import BUILDERS as FISH
+    from triton_omni.converters.tiny_higgs import BUILDERS as HIGGS
     from triton_omni.converters.tiny_image import BUILDERS as IMAGE
     from triton_omni.converters.tiny_joyimage import BUILDERS as JOYIMAGE
     from triton_omni.converters.tiny_moe import BUILDERS as MOE
@@ -37,7 +38,7 @@ def builders() -> dict:
     from triton_omni.converters.tiny_vision import BUILDERS as VISION
 
     return {**CHAT, **MOE, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **ASR,
-            **VIDEO, **VISION}
+            **VIDEO, **VISION, **HIGGS}
 
 
 def _stamp(builder) -> str:

@@ -374,6 +374,40 @@ def check_omniasr_ctc(folder: Path, report: Report) -> None:
         check_loads(lambda: OmniASRCTC(CTCConfig.from_folder(folder)), folder, tensors, report)
 
 
+def asr_encoders() -> dict:
+    """model_type -> how its audio encoder is built from the folder (the LLM-decoder recognisers)."""
+    from triton_omni.asr.higgs_audio.model import HiggsAudioEncoder, HiggsAudioEncoderConfig
+    from triton_omni.asr.omniasr.model import AudioEncoderConfig, OmniASRLLMEncoder
+    from triton_omni.asr.qwen3_asr.model import Qwen3ASRAudioEncoder, Qwen3ASREncoderConfig
+
+    def omni(folder):
+        raw = json.loads((folder / "config.json").read_text())
+        return OmniASRLLMEncoder(AudioEncoderConfig.from_dict(raw.get("audio_config") or {}),
+                                 int((raw.get("text_config") or {}).get("hidden_size", 4096)))
+
+    def qwen(folder):
+        return Qwen3ASRAudioEncoder(Qwen3ASREncoderConfig.from_dict(json.loads((folder / "config.json").read_text())
+                                                                     .get("audio_config") or {}))
+
+    return {"omniasr": omni, "qwen3_asr": qwen, "higgs_audio": lambda f: HiggsAudioEncoder(HiggsAudioEncoderConfig.from_folder(f))}
+
+
+def check_asr(folder: Path, report: Report) -> None:
+    """A speech-recognition folder: a CTC model's, or an LLM-decoder model's (config, tokenizer, weights
+    that fill both our audio encoder and our decoder)."""
+    encoders = asr_encoders()
+    config = check_config(folder, report, ["omniasr_ctc", *encoders])
+    if config is None:
+        return
+    if config.get("model_type") == "omniasr_ctc":
+        check_omniasr_ctc(folder, report)
+        return
+    check_chat(folder, report)
+    tensors = safetensors_weights(folder, "model", report)
+    if tensors is not None:
+        check_loads(lambda: encoders[config["model_type"]](folder), folder, tensors, report)
+
+
 def check_bagel(folder: Path, report: Report) -> None:
     read_json(folder / "llm_config.json", report)
     check_tokenizer(folder, report)
@@ -456,7 +490,7 @@ FAMILIES: dict[str, dict[str, Kind]] = {
     "triton_omni.tts.chatterbox.": {"checkpoint": Kind(check_chatterbox)},
     "triton_omni.tts.omnivoice.": {"checkpoint": Kind(check_omnivoice)},
     "triton_omni.image.bagel.": {"checkpoint": Kind(check_bagel)},
-    "triton_omni.asr.": {"checkpoint": Kind(check_omniasr_ctc)},
+    "triton_omni.asr.": {"checkpoint": Kind(check_asr)},
     "triton_omni.image.z_image.": {"checkpoint": Kind(pipeline(("ZImagePipeline",), DIFFUSERS))},
     "triton_omni.image.flux2.": {"checkpoint": Kind(pipeline(("Flux2KleinPipeline",), DIFFUSERS))},
     "triton_omni.image.qwen_image.": {"checkpoint": Kind(pipeline(("QwenImageEditPipeline", "QwenImageEditPlusPipeline"),

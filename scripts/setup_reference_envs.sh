@@ -9,6 +9,7 @@
 #   bash scripts/setup_reference_envs.sh omnivoice  # .venv-omnivoice: omnivoice 0.2.1 (transformers 5.24.0)
 #   bash scripts/setup_reference_envs.sh chatterbox # .venv-chatterbox: chatterbox-tts 0.1.7 (transformers 5.2.0)
 #   bash scripts/setup_reference_envs.sh fish       # .venv-fish: fish-speech 0.1.0 (S1-mini; Fish S2-Pro has no package)
+#   bash scripts/setup_reference_envs.sh higgs      # .venv-higgs: boson-multimodal 0.1.1 (Higgs Audio; transformers 4.46.3)
 #
 # `make test` (and so CI) runs it before the tests: a few minutes the first time, ~1.5 GB.
 set -euo pipefail
@@ -121,14 +122,33 @@ from fish_speech.models.dac.modded_dac import DAC; from fish_speech.models.dac.r
   touch "$stamp"
 }
 
+higgs() {
+  # boson-multimodal (Higgs Audio) pins transformers <4.47 and pulls a codec, boto3, s3fs, librosa, pandas...
+  # for its data pipeline and serving engine; its model code (HiggsAudioModel: Whisper audio tower,
+  # projector, Llama decoder) imports only torch and transformers, so that is what it gets
+  local venv=.venv-higgs stamp
+  stamp=$(stamp_of "$venv" higgs)
+  [ -f "$stamp" ] && return 0
+  fresh_venv "$venv" "boson-multimodal 0.1.1, transformers 4.46.3"
+  local pip="$venv/bin/python -m pip install -q"
+  $pip --no-deps boson-multimodal==0.1.1
+  # and what its chat-sample preparation (the prompt the tests hold ours against) imports
+  $pip transformers==4.46.3 "numpy<2" safetensors dacite pandas loguru
+  "$venv/bin/python" -c "from boson_multimodal.model.higgs_audio import HiggsAudioConfig, HiggsAudioModel; \
+from boson_multimodal.dataset.chatml_dataset import prepare_chatml_sample" >/dev/null 2>&1 \
+    || { echo "[reference] $venv: boson_multimodal does not import" >&2; exit 1; }
+  touch "$stamp"
+}
+
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(qwen-tts omnivoice chatterbox fish)
+[ ${#names[@]} -gt 0 ] || names=(qwen-tts omnivoice chatterbox fish higgs)
 for name in "${names[@]}"; do
   case "$name" in
     qwen-tts) qwen_tts ;;
     omnivoice) omnivoice ;;
     chatterbox) chatterbox ;;
     fish) fish ;;
-    *) echo "unknown reference environment: $name (known: qwen-tts, omnivoice, chatterbox, fish)" >&2; exit 2 ;;
+    higgs) higgs ;;
+    *) echo "unknown reference environment: $name (known: qwen-tts, omnivoice, chatterbox, fish, higgs)" >&2; exit 2 ;;
   esac
 done

@@ -104,8 +104,8 @@ def header_past_the_end(folder: Path) -> None:
 BROKEN = [
     ("missing config", "qwen3", "qwen3_chat", remove("config.json"), "config.json", "missing"),
     ("unsupported model_type", "qwen3", "qwen3_chat", set_json("config.json", model_type="gpt2"), "config.json",
-     "model_type 'gpt2' is not supported here; supported: llama, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
-     "qwen3_5_text, qwen3_moe"),
+     "model_type 'gpt2' is not supported here; supported: higgs_audio, llama, omniasr, qwen3, qwen3_5, qwen3_5_moe, "
+     "qwen3_5_moe_text, qwen3_5_text, qwen3_asr, qwen3_moe"),
     ("missing weights", "qwen3", "qwen3_chat", remove("model.safetensors"), "model.safetensors",
      "missing: the folder has no weights (model.safetensors or model.safetensors.index.json)"),
     ("truncated safetensors", "qwen3", "qwen3_chat", truncate("model.safetensors", 100), "model.safetensors",
@@ -135,6 +135,10 @@ BROKEN = [
      "preprocessor_config.json", "missing (the image processor's settings)"),
     ("video encoder of another type", "vjepa2", "vjepa2_embed", set_json("config.json", model_type="vit"), "config.json",
      "model_type 'vit' is not supported here; supported: vjepa2"),
+    ("speech recogniser of another type", "qwen3_asr", "qwen3_asr", set_json("config.json", model_type="whisper"),
+     "config.json", "model_type 'whisper' is not supported here; supported: omniasr_ctc, omniasr, qwen3_asr, higgs_audio"),
+    ("Higgs Audio without its audio tower", "higgs_audio", "higgs_audio", set_json("config.json", skip_audio_tower=True),
+     "config.json", "the model cannot be built from it: ValueError: "),
 ]
 
 

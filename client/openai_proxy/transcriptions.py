@@ -7,7 +7,9 @@ is server-sent events as OpenAI's streaming transcription sends them: `transcrip
 (one per response of the model: a model that does not stream, like a CTC model, answers in one piece)
 and `transcript.text.done` with the whole text and its usage.
 
-No model here translates: /v1/audio/translations answers 400 naming `model`, pointing to transcriptions.
+/v1/audio/translations (into English; `file`, `model`, `prompt`, `response_format`, `temperature`) goes to
+a model that translates, one whose ensemble takes the `task` input (sent as "translate"); another
+model answers 400 naming `model`, pointing to transcriptions.
 """
 from __future__ import annotations
 
@@ -47,18 +49,18 @@ def granularities(form: Fields, fmt: str) -> bool:
     return "word" in items
 
 
-async def parse(request: Request):
+async def parse(request: Request, translate: bool = False):
     form = await form_body(request)
     audio = await form.file_bytes("file", required=True)
     fmt = form.string("response_format", choices=FORMATS, default="json")
-    stream = bool(form.boolean("stream", False))
+    stream = False if translate else bool(form.boolean("stream", False))
     if stream and fmt not in ("json", "text"):
         raise bad_field("stream", f"a streamed transcript is text deltas: response_format must be json or text, "
                                   f"not {fmt}")
-    values = request_values(audio, language=form.string("language", max_chars=MAX_LANGUAGE_CHARS),
-                            prompt=form.string("prompt", max_chars=MAX_PROMPT_CHARS),
+    language = None if translate else form.string("language", max_chars=MAX_LANGUAGE_CHARS)
+    values = request_values(audio, language=language, prompt=form.string("prompt", max_chars=MAX_PROMPT_CHARS),
                             temperature=form.number("temperature", lo=0, hi=1),
-                            words=granularities(form, fmt), stream=stream)
+                            words=granularities(form, fmt), stream=stream, translate=translate)
     return form, fmt, stream, values
 
 
@@ -101,8 +103,14 @@ async def transcript_events(replies, head):
 @router.post("/v1/audio/translations")
 async def translations(request: Request):
     proxy = proxy_of(request)
-    form = await form_body(request)
-    await form.file_bytes("file", required=True)
+    form, fmt, _, values = await parse(request, translate=True)
     model = await proxy.models.resolve("transcription", form.string("model"))
-    raise ProxyError(400, f"'model': {model.name} does not translate: it transcribes speech in the language "
-                          "spoken (POST /v1/audio/transcriptions)", param="model", code="unsupported")
+    if "task" not in model.inputs:
+        raise ProxyError(400, f"'model': {model.name} does not translate: it transcribes speech in the language "
+                              "spoken (POST /v1/audio/transcriptions)", param="model", code="unsupported")
+    replies = proxy.gateway.stream(model.name, values, request.is_disconnected, model_field)
+    async with aclosing(replies):
+        result = Transcription.from_responses([o async for o in replies])
+    result.task, result.language = "translate", "english"
+    body = result.render(fmt, words=values["timestamp_granularities"][0] is not None)
+    return PlainTextResponse(body, media_type=MEDIA_TYPES[fmt]) if isinstance(body, str) else body

@@ -1,11 +1,15 @@
 """Speech recognition benchmark: RTFx (audio seconds transcribed per wall second) of Omnilingual ASR CTC
-behind tritonserver (gRPC), of its steps called in-process, and of transformers' OmniASRForCTC batched
-(eager, the baseline), on the released shapes with random weights, in one run on one GPU; and the time
-to the first transcript piece at c=1.
+and of Qwen3-ASR behind tritonserver (gRPC), of their steps called in-process, and of transformers
+(OmniASRForCTC batched; Qwen3ASRForConditionalGeneration.generate batched; eager: the baselines), on the
+released shapes with random weights, in one run on one GPU; and the time to the first transcript piece
+(for Qwen3-ASR, which streams: the first token's delta) at c=1.
 
     python -m perf_analyzer_configs.benchmarks.bench_asr                             # on the GPU machine
-    python -m perf_analyzer_configs.benchmarks.bench_asr --smoke --out /tmp/asr_smoke.json   # tiny shape, CPU check
-    python -m perf_analyzer_configs.benchmarks.bench_asr --shapes 1b --out r2.json   # a part; then --merge r1.json r2.json
+    python -m perf_analyzer_configs.benchmarks.bench_asr --smoke --out /tmp/asr_smoke.json   # tiny shapes, CPU check
+    python -m perf_analyzer_configs.benchmarks.bench_asr --models qwen3_asr --out r2.json   # a part; then --merge r1.json r2.json
+
+Qwen3-ASR (asr_qwen3.py): the 1.7B release's shape (24-layer audio encoder, Qwen3-1.7B decoder), the language
+given (en), `--tokens` tokens decoded per request in every mode (random weights end anywhere otherwise).
 
 Shapes: 300m (hidden 1024, 24 layers, ffn 4096), 1b (1280, 48, 5120), 3b (2048, 60, 8192), 7b (2048, 128,
 8192); every one the 7-layer conv feature extractor (512 channels, 320 samples a frame), 16 heads, the v2
@@ -131,12 +135,12 @@ def server_mode(ctx):
     return go, server.stop
 
 
-def build_steps(ctx) -> dict:
+def build_steps(ctx, model: str = "omniasr_ctc") -> dict:
     from triton_omni.converters.__main__ import load_configs
     from triton_omni.runtime.params import parse_params
     from triton_omni.runtime.step import StepContext
 
-    cfg = load_configs(["omniasr_ctc"], [f"omniasr_ctc={ctx.folder}"], ctx.overrides)[0]
+    cfg = load_configs([model], [f"{model}={ctx.folder}"], ctx.overrides)[0]
     return {s.key: s.cls(StepContext(model_name=cfg.model_name(s), max_batch_size=cfg.max_batch_size, base_dir=ROOT,
                                      params=parse_params(s.cls.Params, cfg.resolved_parameters(s, ctx.target)),
                                      device=ctx.device if s.kind == "gpu" else "cpu"))
@@ -208,8 +212,9 @@ def summarize(model, mode, c, seconds, rounds) -> dict:
 def intro(data) -> list[str]:
     return [f"Random weights in the released shapes; {data['seconds']:g}-second clips (16 kHz mono WAV), c requests "
             "sent together. RTFx: audio seconds transcribed per wall second. First text: request sent -> its first "
-            "response with text (a CTC model answers once: its latency). Baseline: transformers OmniASRForCTC, one "
-            "padded batch of the c clips, eager (no compile)."]
+            "response with text (a CTC model answers once: its latency; Qwen3-ASR streams: its first token). Baselines, "
+            "eager (no compile), one padded batch of the c clips: transformers OmniASRForCTC; Qwen3ASRForConditionalGeneration"
+            f".generate, greedy, {data.get('tokens', 128)} new tokens a request (as every Qwen3-ASR row)."]
 
 
 def against_baseline(rows, data) -> list[str]:
@@ -217,7 +222,9 @@ def against_baseline(rows, data) -> list[str]:
     ratios = [f"- {m} c={c}: {mode} {r['rtfx'] / by[(m, 'baseline', c)]['rtfx']:.2f}x the baseline's RTFx"
               for (m, mode, c), r in by.items() if mode != "baseline" and (m, "baseline", c) in by]
     return (["Against the baseline:", "", *ratios, ""] if ratios else []) + [
-        "Targets: CTC-300M served RTFx >= 5,000 at c=32 and >= 2x transformers batched in-process."]
+        "Targets: CTC-300M served RTFx >= 5,000 at c=32 and >= 2x transformers batched in-process; Qwen3-ASR >= 3x "
+        "transformers `generate` at c=32. Qwen3-ASR rows decode `tokens` tokens a request in every mode (its first "
+        "text at c=1 is the time to the first streamed token)."]
 
 
 PAGE = results.Page(
@@ -232,14 +239,17 @@ PAGE = results.Page(
 
 
 def write_results(rows, path: Path, args, gpu=None, run_versions=None, date=None, notes=()):
-    meta = {"gpu": gpu or device_name(), "seconds": args.seconds,
+    meta = {"gpu": gpu or device_name(), "seconds": args.seconds, "tokens": args.tokens,
             "versions": run_versions or versions("transformers", "tritonclient", "nvidia-pytriton")}
     results.write(path, PAGE, rows, meta, notes, date)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=["300m", "1b"], choices=list(SHAPES))
+    ap.add_argument("--models", nargs="+", default=["omniasr_ctc", "qwen3_asr"], choices=["omniasr_ctc", "qwen3_asr"])
+    ap.add_argument("--shapes", nargs="+", default=["300m", "1b"], choices=list(SHAPES), help="omniasr_ctc's")
+    ap.add_argument("--qwen3-shapes", nargs="+", default=["1.7b"], choices=["1.7b", "tiny"], help="qwen3_asr's")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens Qwen3-ASR decodes per request")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--repeats", type=int, default=5, help="rounds of c requests per row")
@@ -259,28 +269,39 @@ def main() -> int:
         print(args.out.with_suffix(".md").read_text())
         return 0
     if args.smoke:
-        args.shapes, args.concurrency, args.repeats, args.seconds = ["tiny"], [1, 2], 1, 4.0
+        args.shapes, args.qwen3_shapes, args.concurrency, args.repeats, args.seconds = ["tiny"], ["tiny"], [1, 2], 1, 4.0
+        args.tokens = min(args.tokens, 8)
     cuda = torch.cuda.is_available()
     if not cuda:
         torch.set_num_threads(1)        # a CPU check shares its cores (as bench_image.py)
     device, dtype = ("cuda:0", torch.bfloat16) if cuda else ("cpu", torch.float32)
     files = [wav(w) for w in clips(max(args.concurrency), args.seconds)]
     rows = []
-    for shape in args.shapes:
-        folder = write_checkpoint(Path(args.workdir) / "checkpoints", shape, device, dtype)
+    runs = [("omniasr_ctc", shape) for shape in args.shapes if "omniasr_ctc" in args.models]
+    runs += [("qwen3_asr", shape) for shape in args.qwen3_shapes if "qwen3_asr" in args.models]
+    for model, shape in runs:
+        root = Path(args.workdir) / "checkpoints"
+        if model == "qwen3_asr":
+            from perf_analyzer_configs.benchmarks import asr_qwen3
+
+            folder, fns = asr_qwen3.write_checkpoint(root, shape, device, dtype), asr_qwen3.MODE_FNS
+            sets = asr_qwen3.overrides(args.tokens, max(args.concurrency))
+        else:
+            folder, fns = write_checkpoint(root, shape, device, dtype), MODE_FNS
+            sets = ["omniasr_ctc.pre.segmentation=window", f"omniasr_ctc.max_batch_size={max(32, max(args.concurrency))}"]
         ctx = argparse.Namespace(args=args, folder=folder, device=device, dtype=dtype, files=files,
                                  target="gpu" if cuda else "cpu",
-                                 overrides=["omniasr_ctc.pre.segmentation=window",
-                                            f"omniasr_ctc.max_batch_size={max(32, max(args.concurrency))}", *args.set])
+                                 overrides=[*sets, *[o for o in args.set if o.startswith(model + ".")]])
+        name = f"{model}_{shape}"
         for mode in [m for m in MODES if m in args.modes]:
             t = time.perf_counter()
-            go, close = MODE_FNS[mode](ctx)
-            print(f"omniasr_ctc_{shape} {mode}: ready in {time.perf_counter() - t:.0f} s", flush=True)
+            go, close = fns[mode](ctx)
+            print(f"{name} {mode}: ready in {time.perf_counter() - t:.0f} s", flush=True)
             try:
                 go(1)                                       # warm-up: one request, then the largest round
                 go(max(args.concurrency))
                 for c in args.concurrency:
-                    rows.append(summarize(f"omniasr_ctc_{shape}", mode, c, args.seconds, [go(c) for _ in range(args.repeats)]))
+                    rows.append(summarize(name, mode, c, args.seconds, [go(c) for _ in range(args.repeats)]))
                     print(json.dumps(rows[-1]), flush=True)
                     write_results(rows, args.out, args, notes=args.note)    # after every row: a timeout keeps it
             finally:

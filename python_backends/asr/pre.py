@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from triton_omni.asr.request import INPUTS, RATE, TRANSCRIPTION, Abilities, parse_options, read_audio
-from triton_omni.asr.segment import SegmentSettings, as_array, plan
+from triton_omni.asr.request import INPUTS, RATE, TRANSCRIPTION, Abilities, Options, parse_options, read_audio
+from triton_omni.asr.segment import Segment, SegmentSettings, as_array, plan
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
 
@@ -31,6 +31,7 @@ class ASRPreParams:
     prompt: bool = False                # whether the model reads a prompt (else `prompt` is refused)
     sampling: bool = False              # whether the model samples (else temperature > 0 is refused)
     max_prompt_chars: int = 2048
+    translate: bool = False             # whether the model translates (takes task "translate")
 
 
 @register("asr_pre")
@@ -47,17 +48,21 @@ class ASRPre(Step):
         if not 0 <= p.overlap_seconds < p.max_segment_seconds / 2:
             raise ValueError("parameter 'overlap_seconds': must be below half of max_segment_seconds")
         self.settings = SegmentSettings(p.max_segment_seconds, p.overlap_seconds)
-        self.abilities = Abilities(p.prompt, p.sampling, p.max_prompt_chars)
+        self.abilities = Abilities(p.prompt, p.sampling, p.max_prompt_chars, p.translate)
         self.vad = self.vad_settings = None
         if p.segmentation == "vad":
             from triton_omni.asr.vad import SileroVAD, VADSettings
 
             self.vad, self.vad_settings = SileroVAD.load(), VADSettings(threshold=p.vad_threshold)
 
-    def one(self, req: Request) -> dict:
+    def prepare(self, req: Request) -> tuple[Options, list[Segment], np.ndarray]:
+        """The request's options, its segments and their samples (one after another)."""
         wave = read_audio(req, self.params.max_audio_seconds, self.params.min_audio_seconds)
         options = parse_options(req, self.abilities, wave.size / RATE)
         segments = plan(wave, self.params.segmentation, self.settings, self.vad, self.vad_settings)
         samples = np.concatenate([wave[g.start:g.end] for g in segments]) if segments else np.zeros(0, np.float32)
-        return {"samples": samples.astype(np.float32, copy=False), "segment_spans": as_array(segments),
-                "transcription": options.tensor()}
+        return options, segments, samples.astype(np.float32, copy=False)
+
+    def one(self, req: Request) -> dict:
+        options, segments, samples = self.prepare(req)
+        return {"samples": samples, "segment_spans": as_array(segments), "transcription": options.tensor()}

@@ -42,6 +42,7 @@ class Abilities:
     prompt: bool = False
     sampling: bool = False           # temperature > 0
     max_prompt_chars: int = 2048
+    translate: bool = False          # task "translate" (into English: the translation route)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Options:
     words: bool = False              # word timestamps asked for
     stream: bool = False
     duration: float = 0.0            # seconds of audio
+    task: str = "transcribe"         # or "translate" (a model that takes the `task` input)
 
     def tensor(self) -> np.ndarray:
         return string_array(json.dumps(asdict(self)))
@@ -124,5 +126,10 @@ def parse_options(req: Request, abilities: Abilities, duration: float) -> Option
     if temperature > 0 and not abilities.sampling:
         raise InvalidInput("temperature", "this model decodes greedily (CTC) and does not sample; "
                                           "leave it out or send 0")
+    task = (req.string("task") or "transcribe").strip().lower()
+    if task not in ("transcribe", "translate"):
+        raise InvalidInput("task", f"expected transcribe or translate, got {task[:40]!r}")
+    if task == "translate" and not abilities.translate:
+        raise InvalidInput("task", "this model does not translate (it transcribes in the language spoken)")
     return Options(language, prompt, temperature, parse_granularities(req), bool(req.scalar("stream", False)),
-                   round(duration, 3))
+                   round(duration, 3), task)

@@ -47,6 +47,8 @@ class RotaryEmbedding(nn.Module):
         rope = ctx.rope_positions
         if rope is None:
             return self.cos, self.sin, positions
+        if rope.dim() == 2 and rope.shape[0] == 1:      # one axis's row (a spliced prompt's packed positions)
+            rope = rope[0]
         if rope.dim() != 1:
             raise ValueError(f"{type(self).__name__} takes one rotary axis, got positions {list(rope.shape)}")
         return self.cos, self.sin, rope

@@ -53,11 +53,13 @@ def checkpoint_names(folder: str | Path) -> list[str]:
 
 def placement(model: nn.Module):
     """checkpoint name -> (the model's parameter name, part index in a merged module or None), or
-    (None, None) for a name the model skips; by the model's `rename`, `skip_prefixes` and `packed`, and
-    one expert's tensor into the stacked experts where the model has them (part: (expert, projection))."""
+    (None, None) for a name the model skips; by the model's `rename`, `skip_prefixes`, `skip_parts` (name
+    fragments, e.g. another path's modules inside each layer) and `packed`, and one expert's tensor into
+    the stacked experts where the model has them (part: (expert, projection))."""
     packed: dict[str, tuple[str, int]] = getattr(model, "packed", {})
     rename: dict[str, str] = getattr(model, "rename", {})
     skip: tuple[str, ...] = getattr(model, "skip_prefixes", ())
+    skip_parts: tuple[str, ...] = getattr(model, "skip_parts", ())
     names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
 
     def place(name: str) -> tuple[str | None, int | tuple | None]:
@@ -65,7 +67,7 @@ def placement(model: nn.Module):
             if name.startswith(old):
                 name = new + name[len(old):]
                 break
-        if name.startswith(skip):
+        if name.startswith(skip) or any(part in name for part in skip_parts):
             return None, None
         expert = EXPERT_TENSOR.search(name)
         if expert and f"{name[:expert.start()]}.experts.{STACKED[expert[2]]}" in names:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 from pathlib import Path
 
 import torch
@@ -22,13 +23,35 @@ MODELS = {
     "qwen3_5_moe": ("triton_omni.models.qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
     "qwen3_5_moe_text": ("triton_omni.models.qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
     "llama": ("triton_omni.models.llama", "LlamaForCausalLM"),
+    # speech recognition: the decoder of an audio-encoder + LLM checkpoint (its encoder runs in asr/)
+    "qwen3_asr": ("triton_omni.models.qwen3", "Qwen3ASRDecoder"),
+    "omniasr": ("triton_omni.models.llama", "OmniASRDecoder"),
+    "higgs_audio": ("triton_omni.models.llama", "HiggsAudioDecoder"),
 }
+
+
+# checkpoints whose config class transformers does not have (their own packages': boson-multimodal's
+# "higgs_audio"): the decoder's config is built from their text_config alone
+OWN_CONFIGS = ("higgs_audio",)
+
+
+def own_text_config(raw: dict):
+    from transformers import AutoConfig
+
+    text = dict(raw.get("text_config") or {})
+    if "model_type" not in text:
+        raise ValueError(f"config.json of model_type {raw.get('model_type')!r} has no text_config.model_type")
+    known = {k: v for k, v in text.items() if not k.startswith("_") and k not in ("architectures", "transformers_version")}
+    return AutoConfig.for_model(known.pop("model_type"), **known)
 
 
 def text_config(folder: str | Path):
     """The decoder's config (the text part of a multimodal checkpoint's config)."""
     from transformers import AutoConfig
 
+    raw = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    if raw.get("model_type") in OWN_CONFIGS:
+        return own_text_config(raw), raw["model_type"]
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     text = getattr(config, "text_config", None)
     if text is None:

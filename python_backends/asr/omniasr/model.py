@@ -258,3 +258,35 @@ class OmniASRCTC(nn.Module):
         load_weights(model, folder)
         return model.to(device=device, dtype=dtype).eval()
 
+
+
+class OmniASRLLMEncoder(nn.Module):
+    """The audio half of `OmniASRForConditionalGeneration` (Omnilingual ASR's LLM variant): the same
+    encoder, then a linear projector into the decoder's width; each clip's frames become its prompt's
+    audio embeddings (one placeholder token each). The Llama decoder is models/llama.py's."""
+
+    packed = OmniASRCTC.packed
+    rename = {"model.audio_tower.": "encoder.", "model.multi_modal_projector.": "multi_modal_projector."}
+    skip_prefixes = ("model.language_model.", "lm_head.")
+
+    def __init__(self, audio: AudioEncoderConfig, text_hidden: int):
+        super().__init__()
+        self.audio = audio
+        self.encoder = AudioEncoder(audio)
+        self.multi_modal_projector = nn.Linear(audio.hidden_size, text_hidden)
+
+    def forward(self, packed: PackedClips) -> torch.Tensor:
+        """-> [T, text hidden]: every clip's frames' embeddings, one clip after another."""
+        return self.multi_modal_projector(self.encoder(packed))
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> "OmniASRLLMEncoder":
+        raw = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+        if raw.get("model_type") != "omniasr":
+            raise ValueError(f"{folder}/config.json: model_type {raw.get('model_type')!r}; expected 'omniasr'")
+        text = raw.get("text_config") or {}
+        with torch.device("meta"):
+            model = cls(AudioEncoderConfig.from_dict(raw.get("audio_config") or {}), int(text.get("hidden_size", 4096)))
+        model = model.to_empty(device="cpu")
+        load_weights(model, folder)
+        return model.to(device=device, dtype=dtype).eval()
