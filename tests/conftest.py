@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -139,3 +141,11 @@ def prefill_twice(runner, seqs, caches: list[torch.Tensor], second):
             c.copy_(s)
         result = second()
     return eager, result, after_eager, stale
+
+
+def speech_fields(raw) -> dict:
+    """A pre step's `speech` tensor as a dict, less its `arrival` stamp (checked to be this run's clock)."""
+    fields = json.loads(raw)
+    arrival = fields.pop("arrival")
+    assert abs(time.time() - arrival) < 3600, arrival
+    return fields

@@ -83,7 +83,8 @@ def test_readme_lists_each_models_released_checkpoints():
     readme = (ROOT / "README.md").read_text()
     for path in sorted((ROOT / "ensemble_configs").glob("*.yaml")):
         raw = yaml.safe_load(path.read_text())
-        repos = raw.get("hub", {}).get("repos", [])
-        assert repos, f"{path.name}: no hub.repos"
-        row = f"| `{raw['name']}` | " + ", ".join(f"`{r}`" for r in repos) + " |"
+        assert "repos" in raw.get("hub", {}), f"{path.name}: no hub.repos"
+        repos = raw["hub"]["repos"]
+        # an empty list says no release has the served layout; the README's row says so in words
+        row = f"| `{raw['name']}` | " + (", ".join(f"`{r}`" for r in repos) + " |" if repos else "none released")
         assert row in readme, row

@@ -36,6 +36,7 @@ from triton_omni.diffusion.checks import check_ids
 from triton_omni.image.bagel.model import load_autoencoder, load_generator, release_folder, schedule, unpatchify
 from triton_omni.image.checks import check_settings
 from triton_omni.image.denoise import DenoiseStep, Job, settings_job
+from triton_omni.image.denoise_metrics import DenoiseMetrics
 from triton_omni.image.pre import REQUEST_INPUTS, SETTINGS, settings_tensors
 from triton_omni.image.request import ImageLimits, ServedSizes, parse_request, parse_size
 from triton_omni.image.vae import VaeDecodeStep
@@ -161,6 +162,7 @@ class BagelDenoise(DenoiseStep):
                                                                    self.config.max_latent_size * self.multiple))
         self.vocab = self.model.embed_tokens.num_embeddings
         self._schedules = {}
+        self.metrics = DenoiseMetrics(ctx.model_name, self.device)   # DenoiseStep.execute records each batch
 
     def input_limits(self) -> dict:
         return {"text_ids": (1, self.params.max_prompt_tokens), "text_mask": (1, self.params.max_prompt_tokens)}
