@@ -130,6 +130,12 @@ def step_config(cfg: EnsembleConfig, step: StepConfig, target: str, out: Path,
     if step.batching is not None:
         m.dynamic_batching.max_queue_delay_microseconds = step.batching.max_queue_delay_us
         m.dynamic_batching.preferred_batch_size.extend(step.batching.preferred_batch_sizes)
+        if step.batching.max_queue_size or step.batching.default_timeout_us:
+            policy = m.dynamic_batching.default_queue_policy
+            policy.max_queue_size = step.batching.max_queue_size
+            policy.default_timeout_microseconds = step.batching.default_timeout_us
+            policy.allow_timeout_override = step.batching.allow_timeout_override
+            policy.timeout_action = mc.ModelQueuePolicy.REJECT
     for k, v in sorted(cfg.resolved_parameters(step, target).items()):
         m.parameters[k].string_value = _locate(v, out) if k == "checkpoint" or k.endswith("_checkpoint") else v
     spec = cfg.warmup_spec(step, target)

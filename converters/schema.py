@@ -15,7 +15,7 @@ step output of that name, else it becomes an input of the ensemble.
         step: chat_pre                   # a name registered with @register
         instances: {kind: cpu, count: 1} # kind gpu -> KIND_GPU when building for a GPU target;
                                          # count: an int or {cpu: N, gpu: M}
-        batching: {max_queue_delay_us: 500}
+        batching: {max_queue_delay_us: 500}   # also max_queue_size, default_timeout_us: Triton's queue policy
         parameters: {max_model_len: 2048, dtype: {cpu: float32, gpu: bfloat16}}
         warmup: {batch_sizes: {cpu: [1], gpu: [1, 8]}}   # runtime/warmup.py's WarmupSpec; a model-level
                                          # `warmup:` applies to every step, a step's own keys win
@@ -45,6 +45,12 @@ class ConfigError(ValueError):
 class Batching:
     max_queue_delay_us: int = 0
     preferred_batch_sizes: list[int] = field(default_factory=list)
+    # Triton's queue policy for the step: past `max_queue_size` queued requests a new one is refused at once
+    # (UNAVAILABLE; the proxy answers 429 with Retry-After); a request queued longer than its timeout
+    # (`default_timeout_us`, or the client's own when `allow_timeout_override`) is refused too. 0: no bound.
+    max_queue_size: int = 0
+    default_timeout_us: int = 0
+    allow_timeout_override: bool = True
 
 
 @dataclass
@@ -200,7 +206,9 @@ def _parse_step(file, i: int, raw: Any) -> StepConfig:
         _only_keys(file, f"{where}.batching", b, {f.name for f in dataclasses.fields(Batching)})
         batching = Batching(
             _expect(file, f"{where}.batching.max_queue_delay_us", b.get("max_queue_delay_us", 0), int, "an integer"),
-            list(_expect(file, f"{where}.batching.preferred_batch_sizes", b.get("preferred_batch_sizes", []), list, "a list")))
+            list(_expect(file, f"{where}.batching.preferred_batch_sizes", b.get("preferred_batch_sizes", []), list, "a list")),
+            *(_non_negative(file, f"{where}.batching.{k}", b.get(k, 0)) for k in ("max_queue_size", "default_timeout_us")),
+            _expect(file, f"{where}.batching.allow_timeout_override", b.get("allow_timeout_override", True), bool, "true or false"))
     step = StepConfig(key=key, step=name, kind=kind, count=count, batching=batching,
                       max_batch_size=raw.get("max_batch_size"),
                       parameters=_expect(file, f"{where}.parameters", raw.get("parameters", {}) or {}, dict, "a mapping"),
@@ -281,6 +289,16 @@ def load_ensemble(path: str | Path) -> EnsembleConfig:
     return cfg
 
 
+def _non_negative(file, key: str, value: Any) -> int:
+    _expect(file, key, value, int, "an integer")
+    if value < 0:
+        raise ConfigError(file, key, f"expected an integer >= 0, got {value}")
+    return value
+
+
+QUEUE_KEYS = ("max_queue_delay_us", "max_queue_size", "default_timeout_us")
+
+
 def apply_override(cfg: EnsembleConfig, dotted: str, value: str) -> None:
     """`--set ar.max_num_seqs=128` (step key, parameter), `--set codec.max_queue_delay_us=20000` or
     `--set max_batch_size=16`."""
@@ -307,12 +325,13 @@ def apply_override(cfg: EnsembleConfig, dotted: str, value: str) -> None:
         if parts[1] in ("count", "kind"):
             setattr(step, parts[1], int(value) if parts[1] == "count" else value)
             return
-        if parts[1] == "max_queue_delay_us" and step.batching is not None:
-            step.batching.max_queue_delay_us = int(value)
+        if parts[1] in QUEUE_KEYS and step.batching is not None:
+            setattr(step.batching, parts[1], _non_negative(cfg.source, dotted, int(value)))
             return
         step.parameters[parts[1]] = yaml.safe_load(value)
         _check_parameters(cfg.source, f"steps.{step.key}", step)
         return
     raise ConfigError(cfg.source, dotted, "override keys are <step>.<parameter>, <step>.count, <step>.kind, "
-                                          "<step>.max_queue_delay_us, <step>.warmup, a shared <parameter>, "
+                                          "<step>.max_queue_delay_us (or max_queue_size, default_timeout_us), "
+                                          "<step>.warmup, a shared <parameter>, "
                                           "max_batch_size, front_instances or warmup")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from triton_omni.client.progress import bar
+from triton_omni.launcher.watchdog import StubWatchdog
 
 PY_MINOR = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -150,22 +151,24 @@ class TritonServer:
     """A running tritonserver process. Use as a context manager; `stop()` leaves no stub behind."""
 
     model_repository: Path
-    models: list[str] | None = None          # None: load everything; else explicit model control
+    models: list[str] | None = None          # None: load everything
     http_port: int = 0                        # 0: pick a free port
     grpc_port: int = 0
     metrics_port: int = 0
     log_path: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
+    watch_stubs: bool = True                  # reload a model whose stub died (launcher/watchdog.py)
+    watchdog: StubWatchdog | None = None
 
     def command(self, install: ServerInstall) -> list[str]:
         cmd = [str(install.binary), f"--model-repository={Path(self.model_repository).resolve()}",
                f"--backend-directory={install.backend_dir}",
                f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                f"--metrics-port={self.metrics_port}", f"--exit-timeout-secs={EXIT_TIMEOUT_S}"]
-        if self.models is not None:
-            cmd.append("--model-control-mode=explicit")
-            cmd += [f"--load-model={m}" for m in self.with_dependencies(self.models)]
+        # explicit model control always (all models: `*`): the watchdog reloads a model through the API
+        cmd.append("--model-control-mode=explicit")
+        cmd += [f"--load-model={m}" for m in (self.with_dependencies(self.models) if self.models is not None else ["*"])]
         if not has_gpu():
             # No GPU: skip the CUDA pinned pool and GPU metrics (only noise in the log on a CPU machine).
             cmd += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
@@ -192,6 +195,7 @@ class TritonServer:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"tritonserver exited with code {self.proc.returncode}{self._log_tail()}")
                 if self._ready():
+                    self._start_watchdog()
                     return self
                 time.sleep(0.25)
                 waiting.update()
@@ -213,6 +217,9 @@ class TritonServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
         try:
+            while self.proc.poll() is None and not self._ready():
+                time.sleep(0.25)
+            self._start_watchdog()
             return self.proc.wait()
         except _Stop:
             return 0
@@ -220,6 +227,10 @@ class TritonServer:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, signal.SIG_IGN)     # a second Ctrl-C does not cut the cleanup short
             self.stop()
+
+    def _start_watchdog(self) -> None:
+        if self.watch_stubs and self.watchdog is None:
+            self.watchdog = StubWatchdog(lambda: group_processes(self.proc.pid), self.http_url).start()
 
     def _ready(self) -> bool:
         try:
@@ -241,6 +252,8 @@ class TritonServer:
         its exit timeout, and a stub whose model never unloaded outlives the server (parent 1)."""
         if self.proc is None:
             return
+        if self.watchdog is not None:
+            self.watchdog.stop()                       # stubs now exit on purpose
         shm = stub_shm_files(group_processes(self.proc.pid))
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

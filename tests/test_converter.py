@@ -104,6 +104,24 @@ def test_cpu_target_and_overrides(tmp_path):
     assert front.instance_group[0].count == 3
 
 
+def test_queue_policy_from_the_yaml_and_overrides(tmp_path):
+    write(tmp_path, GOOD.format(name="m"))
+    cfg = load_ensemble(tmp_path / "m.yaml")
+    from triton_omni.converters.schema import apply_override
+
+    post = next(s for s in cfg.steps if s.key == "post")
+    assert post.batching is not None and post.batching.max_queue_size == 0       # no bound unless asked
+    apply_override(cfg, "post.max_queue_size", "16")
+    apply_override(cfg, "post.default_timeout_us", "2000000")
+    write_repository([cfg], tmp_path / "repo", "cpu")
+    got = text_format.Parse((tmp_path / "repo" / "m_post" / "config.pbtxt").read_text(), mc.ModelConfig())
+    policy = got.dynamic_batching.default_queue_policy
+    assert (policy.max_queue_size, policy.default_timeout_microseconds) == (16, 2000000)
+    assert policy.allow_timeout_override and policy.timeout_action == mc.ModelQueuePolicy.REJECT
+    with pytest.raises(ConfigError, match="expected an integer >= 0"):
+        apply_override(cfg, "post.max_queue_size", "-1")
+
+
 BAD = [
     ("unknown top-level key", "name: m\nsteps: []\ncolour: red\n", "m.yaml: colour: unknown key"),
     ("name differs from file", GOOD.format(name="other"), "m.yaml: name: must match the file name"),
@@ -117,6 +135,8 @@ BAD = [
      "m.yaml: steps.a.parameters.max_num_seqs: parameter 'max_num_seqs': expected int"),
     ("batching a streaming step", "name: m\nsteps:\n  - {key: a, step: ar_decode, batching: {max_queue_delay_us: 5}}\n",
      "m.yaml: steps.a.batching: a decoupled (streaming) step batches inside its engine"),
+    ("negative queue bound", "name: m\nsteps:\n  - {key: a, step: detokenize, batching: {max_queue_size: -2}}\n",
+     "m.yaml: steps.a.batching.max_queue_size: expected an integer >= 0"),
     ("not YAML", "name: [m\n", "m.yaml: <yaml>: not valid YAML"),
     ("bad front_instances", "name: m\nfront_instances: {gpu: 0}\nsteps:\n  - {key: a, step: chat_pre}\n",
      "m.yaml: front_instances: expected a positive integer or {cpu: N, gpu: M}"),

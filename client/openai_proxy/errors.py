@@ -3,7 +3,7 @@
 Everything the proxy rejects raises `ProxyError`; Triton's errors are translated by `from_triton`.
 Over a gRPC stream Triton 2.51 sends only an error's text (its code is lost), so the translation
 reads the text: the project's steps name the bad field (`field 'x': ...`, INVALID_ARG), and
-Triton's own input checks say `unexpected ... input`. Anything else is a server error, answered
+Triton's own input checks say `unexpected ... input`; a full queue is a 429 with Retry-After. Anything else is a server error, answered
 with a generic message and an error id: its detail (a Python traceback, for a step that failed)
 goes to the proxy's log under that id, never to the client.
 """
@@ -60,6 +60,11 @@ def missing(param: str) -> ProxyError:
     return ProxyError(400, f"'{param}' is a required property", param=param, code="missing_required_parameter")
 
 
+# A capacity limit, not a fault: Triton's queue policy ("Exceeds maximum queue size", "Request timeout
+# expired") and the steps' own bounds (runtime/errors.Unavailable's messages end "retry later"). Read from
+# the text, as a stream loses the code; answered 429 with Retry-After.
+CAPACITY = ("Exceeds maximum queue size", "Request timeout expired", "retry later")
+RETRY_AFTER_S = 1
 _ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
 _FIELD = re.compile(r"field '([^']+)'")
 _TRITON_INPUT_CHECKS = ("unexpected inference input", "unexpected shape", "unexpected datatype",
@@ -73,6 +78,9 @@ def from_triton(exc: Exception, param_of: Callable[[str], str | None] = lambda f
     status = str(exc.status() or "") if hasattr(exc, "status") and callable(exc.status) else ""
     full = _ENSEMBLE_PREFIX.sub("", message or "")
     message = _without_traceback(full)
+    if any(words in message for words in CAPACITY):
+        return ProxyError(429, f"the model is at capacity: {message}", code="overloaded",
+                          headers={"Retry-After": str(RETRY_AFTER_S)})
     if "UNAVAILABLE" in status or "failed to connect" in message.lower():
         return ProxyError(503, f"the Triton server is unavailable: {message}", code="triton_unavailable")
     if "DEADLINE_EXCEEDED" in status:

@@ -30,6 +30,9 @@ class EngineConfig:
     # prompts' full KV blocks kept and found again by their tokens (ar/prefix_cache.py): a prompt that
     # starts like an earlier one prefills only the rest. Attention-only models (see LLMEngine).
     enable_prefix_caching: bool = True
+    # requests queued for their prefill at most (not yet running); past it a new request is refused at once
+    # with UNAVAILABLE (the proxy: 429 with Retry-After) instead of waiting without bound. 0: no bound.
+    max_waiting_seqs: int = 1024
 
     def prefill_graph_sizes(self) -> list[int]:
         """The prefill buckets a step can use: the configured sizes up to the first that holds the largest
@@ -39,5 +42,5 @@ class EngineConfig:
         return [t for t in sizes if t < largest] + [t for t in sizes if t >= largest][:1]
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_model_len < 2 or self.block_size < 1:
+        if self.max_num_seqs < 1 or self.max_model_len < 2 or self.block_size < 1 or self.max_waiting_seqs < 0:
             raise ValueError(f"invalid engine config {self}")

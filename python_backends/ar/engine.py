@@ -29,7 +29,7 @@ from triton_omni.ar.sampling import SamplingParams
 from triton_omni.ar.scheduler import Scheduler
 from triton_omni.ar.sequence import Sequence, Status
 from triton_omni.models.context import RecurrentStateSpec
-from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.errors import InvalidInput, Unavailable
 
 
 TRACE_ENV = "TRITON_OMNI_ENGINE_TRACE"
@@ -72,6 +72,7 @@ class EngineStats:
     max_decode_batch: int = 0
     prompt_tokens: int = 0          # prompt tokens admitted
     cached_tokens: int = 0          # ... of which the prefix cache held
+    refused: int = 0                # requests refused because max_waiting_seqs were waiting
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -150,9 +151,32 @@ class LLMEngine:
         seq.thinking = thinking
         seq.thinking_left = params.thinking_budget if params.thinking_budget is not None else -1
         seq.forks = make_forks(seq)
+        self._admit(seq)
         self._inbox.put(("add", seq))
         self._wake.set()
         return seq
+
+    def occupancy(self) -> dict[str, int]:
+        """Sequences running and waiting, KV blocks held by sequences, free decode slots: the gauges an
+        operator watches (a slot or a block still held after the requests ended is a leak)."""
+        blocks = self.blocks
+        return {"running_seqs": len(self.scheduler.running),
+                "waiting_seqs": sum(1 + len(s.forks) for s in list(self.scheduler.waiting)) + self._inbox.qsize(),
+                "kv_blocks_used": blocks.num_blocks - blocks.cache.num_available(),
+                "kv_blocks_total": blocks.num_blocks, "free_slots": len(blocks.free_slots)}
+
+    def _admit(self, seq: Sequence) -> None:
+        """Refuse `seq` (Unavailable) if the queue for prefill is full. Read from Triton's thread while the
+        engine's thread changes it: a count that may be a request or two stale, which a bound needs not mind."""
+        bound = self.config.max_waiting_seqs
+        if not bound:
+            return
+        waiting = self._inbox.qsize() + sum(1 + len(s.forks) for s in list(self.scheduler.waiting))
+        free = max(0, self.config.max_num_seqs - len(self.scheduler.running))   # those start at the next step
+        if waiting + 1 + len(seq.forks) > bound + free:
+            self.stats.refused += 1
+            raise Unavailable(f"{waiting} requests are waiting for this model, the most it queues "
+                              f"(max_waiting_seqs = {bound}); retry later")
 
     def abort(self, seq: Sequence, with_forks: bool = False) -> None:
         """End `seq` (with_forks: and the other samples of its request)."""

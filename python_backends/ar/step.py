@@ -199,7 +199,11 @@ class ARDecode(Step):
             ("prefill_tokens", "prompt tokens prefilled"), ("max_decode_batch", "largest decode batch seen"),
             ("requests_started", "requests accepted"), ("requests_finished", "requests whose final response was sent"),
             ("prefix_cache_hit_rate", "share of admitted prompt tokens found in the prefix cache"),
-            ("cached_tokens", "prompt tokens found in the prefix cache"))}
+            ("cached_tokens", "prompt tokens found in the prefix cache"),
+            ("refused", "requests refused because max_waiting_seqs were waiting (UNAVAILABLE)"),
+            ("running_seqs", "sequences decoding now"), ("waiting_seqs", "sequences waiting for their prefill"),
+            ("kv_blocks_used", "KV-cache blocks held by sequences (cached, unreferenced ones not counted)"),
+            ("kv_blocks_total", "KV-cache blocks in all"), ("free_slots", "decode slots free"))}
         self.requests_started = self.requests_finished = 0
         self.request_metrics = ARRequestMetrics(ctx.model_name)
         self._stop = False
@@ -450,9 +454,9 @@ class ARDecode(Step):
             self.outbox.put((reply, None, CANCEL))
 
     def _publish_metrics(self) -> None:
-        s = self.engine.stats
+        s, occupancy = self.engine.stats, self.engine.occupancy()
         for key, gauge in self.metrics.items():
-            gauge.set(getattr(s, key) if hasattr(s, key) else getattr(self, key))
+            gauge.set(occupancy[key] if key in occupancy else getattr(s, key) if hasattr(s, key) else getattr(self, key))
 
     def close(self) -> None:
         self._stop = True

@@ -20,7 +20,8 @@ class Unsupported(Exception):
 
 
 class Unavailable(Exception):
-    """The server cannot take this request now (a capacity limit is reached); a retry may succeed."""
+    """The server cannot take this request now (a capacity limit is reached); a retry may succeed. Its
+    message ends "retry later": the proxy reads that (a stream's error keeps only its text) as a 429."""
 
 
 class Cancelled(Exception):

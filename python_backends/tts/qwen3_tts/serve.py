@@ -441,7 +441,7 @@ class Qwen3TTSCodecStep(Step):
                                f"{self.params.stream_idle_s:g} s, or an earlier chunk failed) or never made")
         if not self.free:
             raise Unavailable(f"stream {chunk.stream} cannot start: all max_streams = {self.params.max_streams} "
-                              "decoder states are in use by live streams")
+                              "decoder states are in use by live streams; retry later")
         row = self.free.pop()
         self.pool.reset(row)
         self.streams[chunk.stream] = _Stream(row, chunk.start, now)
