@@ -70,6 +70,22 @@ def assert_nothing_held(server) -> None:
     assert g["free_slots"] == SLOTS and g["kv_blocks_used"] == 0, g
 
 
+def test_bad_request_corpus_gets_answers_not_faults(server):
+    """Every model and internal step of the server gets perf_analyzer_configs/reliability/corpus.py over
+    gRPC and HTTP: no INTERNAL error, no hang, no stream left open, no stub died, and both models serve after."""
+    from perf_analyzer_configs.reliability.run import GOOD, Tally, run_corpus
+
+    tally = Tally()
+    summary = run_corpus(server, tally, {m: GOOD[m] for m in ("qwen3_chat", "kokoro_tts")})
+    assert not tally.faults, tally.faults[:10]
+    assert summary["stub_deaths"] == 0 and summary["stubs_after"] == summary["stubs_before"], summary
+    assert summary["served_after"] == {"qwen3_chat": True, "kokoro_tts": True}, summary
+    tried = sum(sum(c.values()) for c in tally.rows.values())
+    models = {m for m, _ in tally.rows}
+    assert tried > 200 and {"qwen3_chat", "qwen3_chat_ar", "kokoro_tts_synth"} <= models, (tried, models)
+    assert sum(c["INVALID_ARGUMENT"] for c in tally.rows.values()) > tried / 4   # refused by name, mostly
+
+
 def test_clients_that_vanish_mid_stream_leave_no_slot_or_block_held(server):
     chat(server)
     def vanish(_):

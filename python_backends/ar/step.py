@@ -284,13 +284,13 @@ class ARDecode(Step):
         """Queue the request on the engine; its outputs go to the delivery thread. `replies`: one Reply,
         or one per sample (n > 1), in sample order. `embeds`: its spliced prompt embeddings
         (ar/prompt_embeds.PromptEmbeds; ar/embeds_step.py)."""
-        self.requests_started += 1
         replies = replies if isinstance(replies, list) else [replies]
         for r in replies:          # before the engine has it: a fast finish must find it (warmup's ids)
             r.request_id = request.request_id
         put = self.outbox.put
         seq = self.engine.add(prompt, params, thinking=thinking, embeds=embeds,
                               on_output=lambda s, new, reason: put((replies[s.index], new, reason, s.new_logprobs)))
+        self.requests_started += 1          # accepted (a refused or invalid one raised above)
         for reply, s in zip(replies, [seq, *seq.forks]):
             reply.seq = s
         reply = replies[0]

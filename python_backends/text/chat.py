@@ -67,7 +67,7 @@ def parse_messages(raw: Any) -> list[dict[str, Any]]:
         if not isinstance(m, dict):
             raise InvalidInput(f"messages[{i}]", "expected an object with 'role' and 'content'")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:       # a list or a dict is no role (nor hashable)
             raise InvalidInput(f"messages[{i}].role", f"expected one of {sorted(ROLES)}, got {role!r}")
         calls = m.get("tool_calls") if role == "assistant" else None
         if "content" not in m and not calls:
