@@ -53,11 +53,17 @@ def responses(url: str, model: str, values: Values, timeout_s: float = 300.0,
     if is_http(url):
         return _http_responses(url, model, values, timeout_s)
     if batched is None:
-        key = (host_port(url), model)
-        if key not in _BATCHED:       # a model's batching is fixed by its config: asked once per process
-            _BATCHED[key] = is_batched(model_config(url, model))
-        batched = _BATCHED[key]
+        batched = model_batches(url, model)
     return _grpc_responses(host_port(url), model, values, timeout_s, last, batched)
+
+
+def model_batches(url: str, model: str) -> bool:
+    """Whether `model` has a batch dimension; a model's batching is fixed by its config, so it is asked
+    once per process (the first request of a model costs this one config call more)."""
+    key = (host_port(url), model)
+    if key not in _BATCHED:
+        _BATCHED[key] = is_batched(model_config(url, model))
+    return _BATCHED[key]
 
 
 def is_final_response(response) -> bool:
