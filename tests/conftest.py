@@ -77,7 +77,7 @@ def step_counts(server, model: str) -> tuple[int, int]:
     return int(s["inference_count"]), int(s["execution_count"])
 
 
-def rounds_until_batched(server, model: str, send_together, tries: int = 3) -> list[tuple[object, int, int]]:
+def rounds_until_batched(server, model: str, send_together, tries: int = 5) -> list[tuple[object, int, int]]:
     """Run `send_together()` (requests sent at once) until `model` ran a round's requests in fewer
     executions than requests, `tries` rounds at most. Dynamic batching is timing: on a loaded machine
     requests sent at once can still reach a step apart, so one round that did not share proves

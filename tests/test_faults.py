@@ -59,7 +59,8 @@ def wait_idle(server, timeout: float = 30.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         g = engine_gauges(server)
-        if (g.get("running_seqs", 1) == 0 and g.get("waiting_seqs", 1) == 0) or time.monotonic() > deadline:
+        published = g.get("kv_blocks_total", 0) > 0          # a reloaded step's gauges start at 0
+        if (published and g["running_seqs"] == 0 and g["waiting_seqs"] == 0) or time.monotonic() > deadline:
             return g
         time.sleep(0.2)
 

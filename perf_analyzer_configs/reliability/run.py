@@ -228,7 +228,7 @@ def engine_gauges(server: TritonServer, model: str = "qwen3_chat_ar") -> dict[st
     return {s.name.removeprefix("triton_omni_ar_"): s.value for f in text_string_to_metric_families(text)
             for s in f.samples if s.name.startswith("triton_omni_ar_") and s.labels.get("model") == model
             and s.name.removeprefix("triton_omni_ar_") in ("running_seqs", "waiting_seqs", "kv_blocks_used",
-                                                            "free_slots", "refused", "requests_started",
+                                                            "kv_blocks_total", "free_slots", "refused", "requests_started",
                                                             "requests_finished")}
 
 
@@ -236,7 +236,8 @@ def idle_gauges(server: TritonServer, timeout: float = 30.0) -> dict[str, float]
     deadline = time.monotonic() + timeout
     while True:
         g = engine_gauges(server)
-        if (g.get("running_seqs") == 0 and g.get("waiting_seqs") == 0) or time.monotonic() > deadline:
+        published = g.get("kv_blocks_total", 0) > 0          # a reloaded step's gauges start at 0
+        if (published and g["running_seqs"] == 0 and g["waiting_seqs"] == 0) or time.monotonic() > deadline:
             return g
         time.sleep(0.2)
 

@@ -211,6 +211,7 @@ class ARDecode(Step):
             "engine step failed: " + "".join(traceback.format_exception(e))))
         self.delivery = threading.Thread(target=self._deliver_loop, name="ar-delivery", daemon=True)
         self.delivery.start()
+        self._publish_metrics()     # the gauges say the engine's size from the start (a reload's too)
 
     def input_limits(self) -> dict:
         return {"input_ids": (self.params.max_model_len,)}      # a longer prompt can never fit the context
