@@ -56,6 +56,16 @@ def rotary(transformer, position_ids: torch.Tensor, dtype) -> tuple[torch.Tensor
     return cos.squeeze(0), sin.squeeze(0)
 
 
+def _attend(attn, q, k, v, mask=None, causal=False) -> torch.Tensor:
+    """[B, S, heads, hd] attention with the key / value heads repeated to the query heads (the grouping
+    SDPA's enable_gqa applies: query head h reads key head h // groups), so every attention backend,
+    masked or not, can run it (not all of them take grouped heads)."""
+    groups = attn.num_attention_heads // attn.num_key_value_heads
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+    return dispatch_attention_fn(q, k, v, attn_mask=mask, is_causal=causal, backend=attn.processor._attention_backend)
+
+
 def kv_width(config) -> int:
     """Values a text token carries to the denoise step: every layer's key and value."""
     return config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim
@@ -84,8 +94,7 @@ def text_kv(transformer, ids: torch.Tensor, lengths: list[int]) -> list[torch.Te
         out.append(torch.stack([_rope(k_gen, cos, sin), v], dim=2))        # [B, L, 2, KV, hd]
         if i == len(transformer.layers) - 1:
             break                        # the last layer's text output feeds nothing the video reads
-        a = dispatch_attention_fn(_rope(q, cos, sin), _rope(k, cos, sin), v, is_causal=True, enable_gqa=True,
-                                  backend=attn.processor._attention_backend)
+        a = _attend(attn, _rope(q, cos, sin), _rope(k, cos, sin), v, causal=True)
         h = h + attn.to_out(a.flatten(-2, -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     kv = torch.stack(out, dim=2).flatten(2)                                 # [B, L, layers x 2 x KV x hd]
@@ -146,8 +155,7 @@ def denoise_rows(transformer, latents: list[torch.Tensor], timesteps: list[float
         v = attn.add_v_proj(y).view(b, n, attn.num_key_value_heads, attn.head_dim)
         all_k = torch.cat([text[:, :, i, 0], _rope(k, cos, sin)], dim=1)
         all_v = torch.cat([text[:, :, i, 1], v], dim=1)
-        a = dispatch_attention_fn(_rope(q, cos, sin), all_k, all_v, attn_mask=mask, is_causal=False,
-                                  enable_gqa=True, backend=attn.processor._attention_backend)
+        a = _attend(attn, _rope(q, cos, sin), all_k, all_v, mask=mask)
         h = h + attn.to_add_out(a.flatten(-2, -1))
         h = h + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(h))
     preds = transformer.proj_out(transformer.norm_moe_gen(h))                # [B, N, patch values]
