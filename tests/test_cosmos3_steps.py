@@ -133,3 +133,24 @@ def test_steps_refuse_what_they_cannot_take(steps):
         with pytest.raises(InvalidInput) as err:
             run_step(steps["denoise"], [{**good, **change}])
         assert err.value.field == field and reason in str(err.value), str(err.value)
+
+
+def test_the_text_encoder_batches_requests_and_equals_each_alone(steps):
+    step = steps["text_encoder"]
+    requests = [fields(prompt=p, width=64, height=32, num_frames=9, guidance_scale=g)
+                for p, g in (("sun", 6.0), ("the moon over a long quiet lake at night", 1.0), ("a fox", 3.0))]
+    tokens = run_chain(steps, requests, until="pre")
+    alone = [run_step(step, [t])[0] for t in tokens]
+    calls = []
+    hook = step.text_encoder.embed_tokens.register_forward_hook(lambda m, a, o: calls.append(tuple(a[0].shape)))
+    try:
+        together = run_step(step, tokens)
+    finally:
+        hook.remove()
+    longest = max(int(t["text_mask"].sum(axis=1).max()) for t in tokens)
+    assert calls == [(5, longest)]          # 5 rows (2 + 1 + 2) in one call, cut after the longest
+    for a, t in zip(alone, together):
+        for name in ("prompt_embeds", "negative_embeds"):
+            assert a[name].shape == t[name].shape
+            assert np.abs(a[name] - t[name]).max(initial=0) < 1e-5 * max(1.0, np.abs(a[name]).max(initial=0))
+    assert together[1]["negative_embeds"].shape[0] == 0 and together[2]["negative_embeds"].shape[0] > 0
