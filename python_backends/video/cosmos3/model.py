@@ -10,7 +10,7 @@ runs only the generation pathway against them (`denoise_rows`), several rows (cl
 one call, each with its own text length (padding keys masked), timestep and positions.
 
 The maths is the processor's (`Cosmos3AttnProcessor`) and the decoder layer's, op for op; the
-pipeline's packing helpers (patchify, unpatchify, mRoPE ids) are called as they are.
+pipeline's and the model's packing functions (patchify, unpatchify, mRoPE ids) are called as they are.
 """
 from __future__ import annotations
 
