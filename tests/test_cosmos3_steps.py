@@ -61,7 +61,8 @@ def test_pre_tokenizes_as_the_pipeline(steps, pipe):
 
 CASES = {   # name: (width, height, frames, fps, guidance)
     "cfg": (64, 32, 9, 24, 6.0),
-    "no_cfg_odd_latent_side": (48, 32, 5, 8, 1.0),   # 3 latent columns: the transformer pads to its 2x2 patch
+    "no_cfg_odd_latent_side": (48, 32, 5, 10, 1.0),  # 3 latent columns: the transformer pads to its 2x2 patch;
+                                                     #   10 fps: fractional time positions (2.4 a latent frame)
     "one_frame": (32, 64, 1, 24, 3.0),               # an image: the image templates, no fps modulation
 }
 

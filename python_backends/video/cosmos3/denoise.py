@@ -69,7 +69,8 @@ class Cosmos3Denoise(VideoDenoiseStep):
     def _rope(self, text_len: int, clip: Clip) -> tuple:
         ids = gen_positions(self.transformer, text_len, self.latent_shape(clip)[1:], float(clip.inputs["fps"]),
                             self.temporal)
-        return rotary(self.transformer, upload(ids, self.device), self.dtype)
+        # float ids: fps modulation makes the time axis fractional (e.g. 2.4 a latent frame at 10 fps)
+        return rotary(self.transformer, upload(ids, self.device, torch.float32), self.dtype)
 
     def start(self, clip: Clip) -> None:
         s = clip.inputs

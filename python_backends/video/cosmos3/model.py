@@ -18,6 +18,8 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_vae_tokens
 
+from triton_omni.runtime.device import upload
+
 # the modules each half runs (the other half's are dropped from the step that does not run them)
 TEXT_LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "mlp")
 TEXT_ATTN_PARTS = ("to_q", "to_k", "to_v", "to_out", "norm_q", "norm_k", "k_norm_und_for_gen")
@@ -129,7 +131,8 @@ def denoise_rows(transformer, latents: list[torch.Tensor], timesteps: list[float
     packed, shapes = zip(*(transformer._patchify_and_pack_latents([x.to(dtype)]) for x in latents))
     x = transformer.proj_in(torch.stack(packed))                             # [B, N, D]
     b, n, _ = x.shape
-    t_in = torch.tensor(timesteps, device=x.device).view(b, 1) * cfg.timestep_scale
+    # the host's timesteps uploaded without waiting for the device (the loop runs a round ahead of it)
+    t_in = upload(timesteps, x.device, torch.float32).view(b, 1) * cfg.timestep_scale
     temb_dtype = next(transformer.time_embedder.parameters()).dtype
     temb = transformer.time_embedder(transformer.time_proj(t_in.flatten()).to(temb_dtype)).to(dtype)
     h = x + temb[:, None]                                     # every token noisy: the pipeline's scatter_add
