@@ -115,6 +115,13 @@ def test_the_proxy_serves_video_jobs_and_the_synchronous_route(proxy):
     content = urllib.request.urlopen(f"{proxy}/v1/videos/{job['id']}/content", timeout=30).read()
     video = decode_video(content)
     assert video.frames.shape == (5, 32, 64, 3) and video.fps == 8.0
+    # a size the VAE cannot take fails the job with the model's message naming the field
+    bad = json.loads(post(f"{proxy}/v1/videos", {"model": MODEL, "prompt": "a fox", "size": "40x32"}).read())
+    while bad["status"] in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, bad
+        time.sleep(0.05)
+        bad = json.loads(urllib.request.urlopen(f"{proxy}/v1/videos/{bad['id']}", timeout=30).read())
+    assert bad["status"] == "failed" and "field 'size'" in bad["error"]["message"], bad
     with post(f"{proxy}/v1/videos/generations", {"model": MODEL, "prompt": "a lighthouse", "size": "64x32",
                                                   "num_frames": 5, "num_inference_steps": 2, "fps": 10}) as resp:
         assert resp.headers["Content-Type"] == "video/mp4"
