@@ -1,7 +1,9 @@
 """Tiny random checkpoints for the video models (see converters/tiny.py), each a whole diffusers
 pipeline folder written by the pipeline's own `save_pretrained`: Wan2.2 TI2V-5B (`WanPipeline` with
 `expand_timesteps`, the high-compression VAE), T2V-A14B (`WanPipeline` with two expert transformers
-and a boundary) and I2V-A14B (`WanImageToVideoPipeline`, no image encoder, two experts).
+and a boundary) and I2V-A14B (`WanImageToVideoPipeline`, no image encoder, two experts); Cosmos3 text-to-video
+(`Cosmos3OmniPipeline`: one mixture-of-transformers model that reads the prompt's token ids itself,
+over the Wan2.2 VAE).
 
 Shapes keep what the serving code depends on: the VAEs' 4x temporal and 16x (Wan2.2) or 8x (Wan2.1)
 spatial compression, 48 or 16 latent channels with per-channel mean and std, the Wan2.2 VAE's 2x2
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from triton_omni.converters.tiny_common import CORPUS, seeded
+from triton_omni.converters.tiny_common import CORPUS, qwen2_tokenizer, seeded
 
 VIDEO_CORPUS = CORPUS + ["waves at dusk on a quiet beach, a red fox running through snow, a lighthouse",
                          "a cat walks along a wall, the camera slowly pans left, clouds drift over hills"]
@@ -137,4 +139,53 @@ def wan2_2_i2v_a14b(out: Path) -> None:
     pipe.save_pretrained(str(out))
 
 
-BUILDERS: dict = {"wan2_2_ti2v": wan2_2_ti2v, "wan2_2_t2v_a14b": wan2_2_t2v_a14b, "wan2_2_i2v_a14b": wan2_2_i2v_a14b}
+def _wan22_vae(seed: int):
+    """The Wan2.2 VAE (48 channels, 2x2 pixel patches, 16x spatial / 4x temporal, residual blocks)."""
+    from diffusers import AutoencoderKLWan
+
+    mean, std = _stats(seed, 48)
+    return seeded(seed + 1, lambda: AutoencoderKLWan(
+        base_dim=4, decoder_base_dim=8, z_dim=48, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+        temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12, patch_size=2,
+        scale_factor_temporal=4, scale_factor_spatial=16, latents_mean=mean, latents_std=std)).eval()
+
+
+# Cosmos3's chat turns (the release's tokenizer is Qwen's: ChatML, `<|vision_start|>` opens generation)
+COSMOS3_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
+)
+COSMOS3_SYSTEM = "You are a helpful assistant who will generate videos from a give prompt."
+
+
+def cosmos3_t2v(out: Path) -> None:
+    """Cosmos3 (text to video): `Cosmos3OmniPipeline` over a `Cosmos3OmniTransformer` of 2 MoT layers
+    (hidden 64, 4 query heads of 16 over 2 key/value heads, 3-D mRoPE split 4/2/2, fps modulation, the
+    release's 15000-position margin between text and video), the Wan2.2 VAE (48 channels, 2x2 latent
+    patches: 192 values a token, as the release), a Qwen2 tokenizer with the system prompt and the
+    templates' words in its corpus, UniPC flow matching. No guardrail (cosmos_guardrail is a separate
+    package; the pipeline folder records enable_safety_checker false)."""
+    from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer
+
+    tokenizer = qwen2_tokenizer(COSMOS3_SYSTEM + " The video is not 1.0 seconds long and is of 24 FPS. "
+                                "This video is of 64x32 resolution.")
+    tokenizer.chat_template = COSMOS3_TEMPLATE
+    transformer = seeded(62, lambda: Cosmos3OmniTransformer(
+        head_dim=16, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=2, latent_channel=48, latent_patch_size=2, patch_latent_dim=192, rope_axes_dim=[4, 2, 2],
+        vocab_size=len(tokenizer), enable_fps_modulation=True, base_fps=24))
+    # louder output projection and embeddings than the default init, so the prompt and the timestep
+    # show in the prediction (and so in what the tests compare)
+    g = torch.Generator().manual_seed(620)
+    with torch.no_grad():
+        for name, p in transformer.named_parameters():
+            if name.startswith(("proj_out", "embed_tokens")):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    pipe = Cosmos3OmniPipeline(transformer=transformer.eval(), text_tokenizer=tokenizer, vae=_wan22_vae(60),
+                               scheduler=unipc(5.0), sound_tokenizer=None, safety_checker=None,
+                               enable_safety_checker=False)
+    pipe.save_pretrained(str(out))
+
+
+BUILDERS: dict = {"wan2_2_ti2v": wan2_2_ti2v, "wan2_2_t2v_a14b": wan2_2_t2v_a14b, "wan2_2_i2v_a14b": wan2_2_i2v_a14b,
+                  "cosmos3_t2v": cosmos3_t2v}

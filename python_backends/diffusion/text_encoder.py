@@ -46,8 +46,12 @@ class PromptEncoderStep(Step):
         super().__init__(ctx)
         self.device = ctx.device
         self.folder = pipeline_folder(ctx, self.params.checkpoint)
-        self.text_encoder = load_component(self.folder, "text_encoder", self.params.dtype, self.device)
+        self.text_encoder = self.load_encoder()
         self.vocab = self.text_encoder.get_input_embeddings().num_embeddings
+
+    def load_encoder(self) -> torch.nn.Module:
+        """The pipeline's `text_encoder` (a model whose transformer reads the ids itself loads that)."""
+        return load_component(self.folder, "text_encoder", self.params.dtype, self.device)
 
     def input_limits(self) -> dict:
         rows = (2, self.params.max_sequence_length)          # prompt, negative
@@ -57,6 +61,9 @@ class PromptEncoderStep(Step):
         """[R, L] ids and mask (host arrays) -> one [tokens, D] embedding per row."""
         raise NotImplementedError
 
+    def check(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        """A model's own checks of one request's ids and mask (InvalidInput: that request fails alone)."""
+
     def execute(self, requests: list[Request]) -> list[dict | BaseException]:
         results: list[dict | BaseException | None] = [None] * len(requests)
         items = []
@@ -64,6 +71,7 @@ class PromptEncoderStep(Step):
             ids, mask = np.asarray(r.get("text_ids")), np.asarray(r.get("text_mask"))
             try:
                 check_ids(ids, mask, self.vocab)
+                self.check(ids, mask)
                 items.append((slot, ids, mask))
             except InvalidInput as exc:          # this request fails alone
                 results[slot] = exc

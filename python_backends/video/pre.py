@@ -95,6 +95,11 @@ class VideoPre(Step):
         """[rows, max_sequence_length] ids and attention mask (int32)."""
         raise NotImplementedError
 
+    def prompts(self, r: VideoRequest) -> list[str]:
+        """The texts to tokenize: the prompt, and the negative prompt when the request uses CFG (a model
+        whose pipeline writes the clip's settings into them says so here)."""
+        return [r.prompt, r.negative_prompt] if self.uses_cfg(r.guidance_scale) else [r.prompt]
+
     # -- shared ---------------------------------------------------------------------------------
     def first_frame(self, r: VideoRequest) -> np.ndarray:
         """The input image, RGB, resized to the clip's size with Lanczos (as the pipelines' image
@@ -114,7 +119,7 @@ class VideoPre(Step):
     def one(self, req: Request) -> dict:
         r = parse_request(req, self.multiple, self.temporal, self.limits, self.experts)
         frame = self.first_frame(r)
-        ids, mask = self.tokenize([r.prompt, r.negative_prompt] if self.uses_cfg(r.guidance_scale) else [r.prompt])
+        ids, mask = self.tokenize(self.prompts(r))
         out = {"text_ids": ids, "text_mask": mask, **settings_tensors(r)}
         if self.image != "none":
             out["first_frame"] = frame

@@ -2,3 +2,5 @@
 import triton_omni.video.encode  # noqa: F401
 import triton_omni.video.wan.denoise  # noqa: F401
 import triton_omni.video.wan.steps  # noqa: F401
+import triton_omni.video.cosmos3.denoise  # noqa: F401
+import triton_omni.video.cosmos3.steps  # noqa: F401

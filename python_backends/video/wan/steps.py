@@ -20,11 +20,12 @@ import html
 import numpy as np
 import torch
 
-from triton_omni.diffusion.checkpoint import component_config, load_tokenizer, model_index, pipeline_folder
+from triton_omni.diffusion.checkpoint import load_tokenizer, model_index, pipeline_folder
 from triton_omni.diffusion.text_encoder import PromptEncoderStep
 from triton_omni.runtime.step import StepContext, register
 from triton_omni.video.pre import FIRST_FRAME, VideoPre
 from triton_omni.video.vae import VaeDecodeStep, VaeEncodeStep
+from triton_omni.video.wan_vae import WanVae, latent_stats
 from triton_omni.video.wan.denoise import wan_geometry
 
 try:                                        # ftfy is a dependency; the pipelines clean with it when present
@@ -89,20 +90,6 @@ class WanTextEncoder(PromptEncoderStep):
         hidden = self.text_encoder(ids_t, mask_t).last_hidden_state
         lengths = (mask[:, :keep] > 0).sum(axis=1)         # the pipelines keep each row's first seq_len tokens
         return [hidden[r, :int(n)] for r, n in enumerate(lengths)]
-
-
-def latent_stats(vae, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean, 1 / std) as [1, C, 1, 1, 1] tensors, computed as the pipelines compute them."""
-    c = vae.config.z_dim
-    mean = torch.tensor(vae.config.latents_mean).view(1, c, 1, 1, 1).to(device, dtype)
-    inv_std = (1.0 / torch.tensor(vae.config.latents_std).view(1, c, 1, 1, 1)).to(device, dtype)
-    return mean, inv_std
-
-
-class WanVae:
-    def latent_layout(self) -> tuple[int, int, int]:
-        cfg = component_config(self.folder, "vae")
-        return cfg["z_dim"], cfg.get("scale_factor_spatial", 8), cfg.get("scale_factor_temporal", 4)
 
 
 @register("wan_vae_decode")
