@@ -105,7 +105,7 @@ BROKEN = [
     ("missing config", "qwen3", "qwen3_chat", remove("config.json"), "config.json", "missing"),
     ("unsupported model_type", "qwen3", "qwen3_chat", set_json("config.json", model_type="gpt2"), "config.json",
      "model_type 'gpt2' is not supported here; supported: higgs_audio, llama, omniasr, qwen3, qwen3_5, qwen3_5_moe, "
-     "qwen3_5_moe_text, qwen3_5_text, qwen3_asr, qwen3_moe"),
+     "qwen3_5_moe_text, qwen3_5_text, qwen3_asr, qwen3_moe, qwen3_omni_moe"),
     ("missing weights", "qwen3", "qwen3_chat", remove("model.safetensors"), "model.safetensors",
      "missing: the folder has no weights (model.safetensors or model.safetensors.index.json)"),
     ("truncated safetensors", "qwen3", "qwen3_chat", truncate("model.safetensors", 100), "model.safetensors",

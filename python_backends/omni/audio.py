@@ -66,10 +66,15 @@ class Qwen3OmniAudioEncoder(nn.Module):
         return tower.proj2(F.gelu(tower.proj1(x))), counts
 
     @classmethod
+    def build(cls, folder: str | Path) -> "Qwen3OmniAudioEncoder":
+        """The tower of the checkpoint's config, uninitialised (on the current default device)."""
+        return cls(Qwen3AudioConfig.from_dict(dict(thinker_config(folder).get("audio_config") or {})))
+
+    @classmethod
     def load(cls, folder: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> "Qwen3OmniAudioEncoder":
-        config = Qwen3AudioConfig.from_dict(dict(thinker_config(folder).get("audio_config") or {}))
         with torch.device("meta"):
-            model = cls(config)
+            model = cls.build(folder)
+        config = model.config
         model = model.to_empty(device="cpu")
         model.audio_tower.reset_buffers()
         model.mel_filters.copy_(tower_mel_filters(config))
