@@ -155,3 +155,21 @@ def test_openai_sdk_chat_with_input_audio(server, tmp_path_factory):
             assert "audios[0]" in err.value.body["message"], err.value.body
         finally:
             sdk.close()
+
+
+def test_bad_request_corpus_gets_answers_not_faults(server):
+    """perf_analyzer_configs/reliability/corpus.py against the model and each of its steps over gRPC and HTTP
+    (gRPC streams for the decoupled ones): no INTERNAL error, hang, open stream or dead stub; it serves after."""
+    from perf_analyzer_configs.reliability.run import Tally, run_corpus
+
+    good = {MODEL: lambda url: ChatClient(url, timeout_s=120).complete(
+        MODEL, messages=audio_message(1), audios=[wav(0)], sampling=GREEDY).completion_tokens > 0}
+    tally = Tally()
+    summary = run_corpus(server, tally, good)
+    assert not tally.faults, tally.faults[:10]
+    assert summary["stub_deaths"] == 0 and summary["stubs_after"] == summary["stubs_before"], summary
+    assert summary["served_after"] == {MODEL: True}, summary
+    models = {m for m, _ in tally.rows}
+    assert {MODEL, f"{MODEL}_pre", AUDIO, f"{MODEL}_ar"} <= models, models
+    tried = sum(sum(c.values()) for c in tally.rows.values())
+    assert tried > 100 and sum(c["INVALID_ARGUMENT"] for c in tally.rows.values()) > tried / 4, tally.rows
