@@ -173,3 +173,18 @@ def test_bad_request_corpus_gets_answers_not_faults(server):
     assert {MODEL, f"{MODEL}_pre", AUDIO, f"{MODEL}_ar"} <= models, models
     tried = sum(sum(c.values()) for c in tally.rows.values())
     assert tried > 100 and sum(c["INVALID_ARGUMENT"] for c in tally.rows.values()) > tried / 4, tally.rows
+
+
+def test_the_cli_asks_about_an_audio_file(server, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    path = tmp_path / "question.wav"
+    path.write_bytes(wav(0))
+    run = subprocess.run([sys.executable, "-m", "triton_omni.client", "chat", "--model", MODEL, "--audio", str(path),
+                          "What is said in this clip?", "--max-tokens", str(TOKENS), "--temperature", "0",
+                          "--url", server.grpc_url], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.rstrip("\n") == ask(server, audio_message(1), [wav(0)])[0]
