@@ -76,10 +76,40 @@ def test_packed_audio_tower_equals_transformers_clip_by_clip(folder, reference):
                    return_tensors="pt")
             want = thinker.get_audio_features(f["input_features"], f["attention_mask"]).pooler_output
             alone, _ = ours([torch.from_numpy(clip)])
-            assert n == audio_tokens(clip.size, ours.config) == want.shape[0]
+            assert [n] == audio_tokens([clip.size], ours.config) and n == want.shape[0]
             torch.testing.assert_close(packed[at:at + n], want, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(packed[at:at + n], alone, rtol=1e-5, atol=1e-5)
             at += n
+
+
+REQUESTS = [(7000, 5000), (7000, 16000, 37123), (37100, 37123), (16000,)]
+
+
+def test_a_requests_clips_are_featurized_together_as_the_processor_does(folder, reference):
+    """The processor pads a request's clips to the longest (features, then conv chunks): the rows of every
+    request, all requests in one forward, equal get_audio_features on that request's batch."""
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+    from triton_omni.omni.audio import Qwen3OmniAudioEncoder, audio_tokens, request_layout
+
+    thinker, _, fe = reference
+    ours = Qwen3OmniAudioEncoder.load(folder)
+    g = np.random.default_rng(7)
+    requests = [[(g.standard_normal(n) * 0.2).astype(np.float32) for n in lengths] for lengths in REQUESTS]
+    clips_ = [torch.from_numpy(w) for r in requests for w in r]
+    layouts = [c for r in requests for c in request_layout([w.size for w in r], ours.config)]
+    with torch.inference_mode():
+        packed, counts = ours(clips_, layouts)
+        at = 0
+        for r in requests:
+            f = fe(r, sampling_rate=16000, padding=True, truncation=False, return_attention_mask=True,
+                   return_tensors="pt")
+            want = thinker.get_audio_features(f["input_features"], f["attention_mask"]).pooler_output
+            tokens = _get_feat_extract_output_lengths(f["attention_mask"].sum(-1), 50).tolist()
+            assert audio_tokens([w.size for w in r], ours.config) == tokens and sum(tokens) == want.shape[0]
+            torch.testing.assert_close(packed[at:at + want.shape[0]], want, rtol=1e-4, atol=1e-4)
+            at += want.shape[0]
+    assert at == packed.shape[0]
 
 
 def engine_for(folder):

@@ -120,22 +120,19 @@ def chunked_features(clips: list[torch.Tensor], filters: torch.Tensor, config: Q
                      ) -> tuple[torch.Tensor, list[int]]:
     """The clips' log-mel frames, each padded with zeros to whole chunks: [chunks, 1, mels, chunk], and
     each clip's count of real frames."""
-    c = config
-    mel = whisper_log_mel(clips, filters)
     frames = [whisper_frames(x.numel()) for x in clips]
+    return chunk_mel(whisper_log_mel(clips, filters), frames, config), frames
+
+
+def chunk_mel(mel: torch.Tensor, frames: list[int], config: Qwen3AudioConfig) -> torch.Tensor:
+    """Log-mel frames [mels, sum of frames] of clips one after another -> [chunks, 1, mels, chunk], each
+    clip padded with zeros to whole chunks."""
+    c = config
     chunks = [-(-n // c.chunk) for n in frames]
     padded = mel.new_zeros((c.num_mel_bins, sum(chunks) * c.chunk))
     where = torch.cat([torch.arange(n) + at * c.chunk for n, at in zip(frames, [0, *np.cumsum(chunks)[:-1]])])
     padded[:, where.to(mel.device)] = mel
-    return padded.view(c.num_mel_bins, -1, c.chunk).permute(1, 0, 2)[:, None], frames
-
-
-def _chunk_starts(frames: list[int], c: Qwen3AudioConfig) -> list[int | None]:
-    """Per chunk: the clip's frame count where the clip is shorter than one chunk (its only chunk), else None."""
-    out: list[int | None] = []
-    for m in frames:
-        out += [m] if m < c.chunk else [None] * -(-m // c.chunk)
-    return out
+    return padded.view(c.num_mel_bins, -1, c.chunk).permute(1, 0, 2)[:, None]
 
 
 class AudioTower(nn.Module):
@@ -158,22 +155,26 @@ class AudioTower(nn.Module):
         """The position table (after building on the meta device)."""
         self.positions.copy_(sinusoids(CHUNK_FRAMES_AFTER_CNN, self.config.d_model))
 
-    def encode(self, chunks: torch.Tensor, frames: list[int], lone_short_chunks: bool = False
+    def encode(self, chunks: torch.Tensor, frames: list[int], pads: list[int] | None = None
                ) -> tuple[torch.Tensor, list[int]]:
-        """chunks [n, 1, mels, chunk] (chunked_features) -> (ln_post's output [T, d_model] of every clip one
-        after another, each clip's count T_i).
+        """chunks [n, 1, mels, chunk] (chunk_mel) -> (ln_post's output [T, d_model] of every clip one after
+        another, each clip's count T_i).
 
-        `lone_short_chunks`: a clip shorter than one chunk runs as if its chunk were only as long as the
-        clip (Qwen3-Omni's reference pads a batch's chunks to the longest one, so such a clip alone has no
-        padding): its conv outputs past each conv's own length are zeroed before the next conv reads them.
-        Otherwise every chunk is a full zero-padded chunk (Qwen3-ASR's reference)."""
+        `pads` (per clip): the length the reference pads each of the clip's chunks to, where it is less than
+        a chunk (Qwen3-Omni's reference pads a request's chunks to its longest one: a request of clips under
+        one chunk has shorter chunks): the conv outputs past each conv's own length of it are zeroed before
+        the next conv reads them. None: every chunk a full zero-padded chunk (Qwen3-ASR's reference)."""
         c = self.config
         dtype = self.conv2d1.weight.dtype
-        short = [[i, m] for i, m in enumerate(_chunk_starts(frames, c)) if m is not None] if lone_short_chunks else []
+        short, at = [], 0              # [chunk index, its padded length after the convs so far]
+        for m, pad in zip(frames, pads or [c.chunk] * len(frames)):
+            n = -(-m // c.chunk)
+            short += [[i, pad] for i in range(at, at + n)] if pad < c.chunk else []
+            at += n
         x = chunks.to(dtype)
         for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
             x = F.gelu(conv(x))
-            for item in short:            # the lone chunk's length after this conv (kernel 3, stride 2, padding 1)
+            for item in short:            # the chunk's length after this conv (kernel 3, stride 2, padding 1)
                 item[1] = (item[1] - 1) // 2 + 1
                 x[item[0], :, :, item[1]:] = 0
         # [chunks, ch, freq, 13]

@@ -17,9 +17,9 @@ import torch
 
 from triton_omni.encoders.batching import forward_groups
 from triton_omni.media.audio import decode
-from triton_omni.omni.audio import MIN_SAMPLES, Qwen3OmniAudioEncoder, audio_tokens, thinker_config
+from triton_omni.omni.audio import MIN_SAMPLES, Qwen3OmniAudioEncoder, audio_tokens, request_layout, thinker_config
 from triton_omni.omni.chat import AudioInputs, AudioPart, parse_audio_messages
-from triton_omni.encoders.qwen3_audio import RATE, Qwen3AudioConfig
+from triton_omni.encoders.qwen3_audio import RATE, Qwen3AudioConfig, encoder_frames
 from triton_omni.runtime.device import upload
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.params import torch_dtype
@@ -97,7 +97,7 @@ class Qwen3OmniPre(ChatPreprocess):
         if len(pieces) != len(req.clips) + 1:
             raise InvalidInput("messages", f"the prompt has {len(pieces) - 1} audio placeholders for "
                                            f"{len(req.clips)} audio parts (is '{AUDIO_PAD}' in the text?)")
-        counts = [audio_tokens(c.size, self.audio_config) for c in req.clips]
+        counts = audio_tokens([c.size for c in req.clips], self.audio_config)
         return pieces[0] + "".join(AUDIO_PAD * n + piece for n, piece in zip(counts, pieces[1:]))
 
     def clip(self, part: AudioPart) -> np.ndarray:
@@ -180,11 +180,13 @@ class Qwen3OmniAudioStep(Step):
     @torch.inference_mode()
     def run(self, requests: list[Request], jobs: list[list[np.ndarray]]):
         clips = [c for job in jobs for c in job]
-        sizes = [audio_tokens(c.size, self.model.config) for c in clips]
+        # each request's clips as the processor sees them together (padded to its longest); requests apart
+        layouts = [c for job in jobs for c in request_layout([x.size for x in job], self.model.config)]
+        sizes = [encoder_frames(c.frames, self.model.config) for c in layouts]
         rows: list[torch.Tensor] = [None] * len(clips)          # type: ignore[list-item]
         for group in forward_groups(sizes, self.params.max_batch_frames):
             flat = upload(np.concatenate([clips[i] for i in group]), self.device, torch.float32)
-            embeds, counts = self.model(list(flat.split([clips[i].size for i in group])))
+            embeds, counts = self.model(list(flat.split([clips[i].size for i in group])), [layouts[i] for i in group])
             for i, part in zip(group, embeds.float().split(counts)):
                 rows[i] = part
         at, width = 0, self.model.config.output_dim
