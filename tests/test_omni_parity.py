@@ -153,3 +153,35 @@ def test_thinker_logits_and_greedy_tokens_equal_transformers(folder, reference):
         got = seq.output_ids
         assert got == want
         assert int(logits.argmax()) == (got[0] if got else int(logits.argmax()))
+
+
+def test_pre_step_writes_the_processors_prompt(folder, reference):
+    """The pre step's ids equal the processor's for a 2-clip question (each placeholder expanded by the
+    request's features), its samples are the decoded clips, and a raw prompt with placeholders is refused."""
+    from pathlib import Path
+
+    from tests.asr_audio import encode_as
+    from triton_omni.media.audio import decode
+    from triton_omni.omni.steps import Qwen3OmniPre, Qwen3OmniPreParams
+    from triton_omni.runtime.errors import InvalidInput
+    from triton_omni.runtime.step import Request, StepContext, string_array
+
+    step = Qwen3OmniPre(StepContext("pre", Qwen3OmniPreParams(checkpoint=str(folder)), "cpu", Path(".")))
+
+    def one(req):
+        (result,) = step.execute([req])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    wavs = [encode_as(c, 16000, "wav", "pcm_s16le") for c in clips(4)[:2]]
+    messages = audio_message(2)
+    out = one(Request({"messages": string_array(json.dumps(messages)), "audios": np.array(wavs, dtype=object)}))
+    heard = [decode(w, 16000)[0] for w in wavs]
+    want = processor_inputs(reference, messages, heard)["input_ids"][0]
+    assert out["input_ids"].tolist() == want.tolist()
+    assert out["audio_lengths"].tolist() == [h.size for h in heard]
+    np.testing.assert_array_equal(out["audio_samples"], np.concatenate(heard))
+    with pytest.raises(InvalidInput) as err:
+        one(Request({"text_input": string_array("hi <|audio_pad|>")}))
+    assert err.value.field == "text_input"
