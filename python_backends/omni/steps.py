@@ -101,7 +101,7 @@ class Qwen3OmniPre(ChatPreprocess):
         return pieces[0] + "".join(AUDIO_PAD * n + piece for n, piece in zip(counts, pieces[1:]))
 
     def clip(self, part: AudioPart) -> np.ndarray:
-        """A part's audio, decoded (any container the media helpers read) to 16 kHz mono float32."""
+        """A part's audio, decoded (any container media/audio.py reads) to 16 kHz mono float32."""
         p = self.params
         if len(part.data) > p.max_upload_bytes:
             raise InvalidInput(part.field, f"{len(part.data)} bytes; at most {p.max_upload_bytes} are accepted")
