@@ -34,14 +34,17 @@ class ChatClient:
     def stream(self, model: str, messages: list[dict] | None = None, prompt: str | None = None,
                sampling: dict[str, Any] | None = None, stream: bool = True,
                chat_template_kwargs: dict | None = None, images: list[bytes] | None = None,
-               videos: list[bytes] | None = None, mm_processor_kwargs: dict | None = None) -> Iterator[ChatChunk]:
+               videos: list[bytes] | None = None, mm_processor_kwargs: dict | None = None,
+               audios: list[bytes] | None = None) -> Iterator[ChatChunk]:
         """Yields text as it is generated. Closing the generator early cancels the request. `images` /
-        `videos` (a vision model): encoded files, taken in order by {"type": "image"} / {"type": "video"}
-        content parts of the messages; `mm_processor_kwargs`: e.g. {"fps": 2} for the videos."""
+        `videos` (a vision model), `audios` (an omni model): encoded files, taken in order by {"type":
+        "image"} / {"type": "video"} / {"type": "audio"} content parts of the messages;
+        `mm_processor_kwargs`: e.g. {"fps": 2} for the videos."""
         values = {"messages": (messages, "BYTES"), "text_input": (prompt, "BYTES"),
                   "sampling_parameters": (sampling, "BYTES"), "stream": (stream, "BOOL"),
                   "chat_template_kwargs": (chat_template_kwargs, "BYTES"), "images": (images or None, "BYTES"),
-                  "videos": (videos or None, "BYTES"), "mm_processor_kwargs": (mm_processor_kwargs, "BYTES")}
+                  "videos": (videos or None, "BYTES"), "mm_processor_kwargs": (mm_processor_kwargs, "BYTES"),
+                  "audios": (audios or None, "BYTES")}
         with contextlib.closing(responses(self.url, model, values, self.timeout_s, last=_finished)) as replies:
             for outputs in replies:
                 reason = text(outputs, "finish_reason")

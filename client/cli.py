@@ -2,6 +2,7 @@
 
     python -m triton_omni.client chat --model qwen3_chat "Write a haiku" -o answer.txt
     python -m triton_omni.client chat --model qwen3_5_vl_chat --image cat.png "What is in the picture?"
+    python -m triton_omni.client chat --model qwen3_omni --audio question.wav "Answer the question."
     python -m triton_omni.client embed --model vjepa2_embed --video clip.mp4 -o clip.npy
     python -m triton_omni.client speech --model orpheus_tts "Hello there" --voice tara -o hello.wav
     python -m triton_omni.client transcribe --model omniasr_ctc speech.mp3 --format srt -o speech.srt
@@ -74,7 +75,8 @@ def write(path: Path, data: bytes) -> None:
 
 # -- tasks ---------------------------------------------------------------------------------------
 def chat(args) -> int:
-    media = [{"type": "image"}] * len(args.image) + [{"type": "video"}] * len(args.video)
+    media = [{"type": "audio"}] * len(args.audio) + [{"type": "image"}] * len(args.image) + \
+        [{"type": "video"}] * len(args.video)
     content = media + [{"type": "text", "text": args.prompt}] if media else args.prompt
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": content}]
@@ -86,7 +88,8 @@ def chat(args) -> int:
     start = time.monotonic()
     for chunk in client.stream(args.model, messages=messages, sampling=sampling, stream=not args.no_stream,
                                images=[p.read_bytes() for p in args.image], videos=[p.read_bytes() for p in args.video],
-                               mm_processor_kwargs={"fps": args.fps} if args.fps else None):
+                               mm_processor_kwargs={"fps": args.fps} if args.fps else None,
+                               audios=[p.read_bytes() for p in args.audio]):
         print(chunk.text, end="", flush=True)
         parts.append(chunk.text)
         last = chunk
@@ -261,6 +264,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--image", type=Path, action="append", default=[], help="an image for a vision model (repeatable)")
     c.add_argument("--video", type=Path, action="append", default=[], help="a video for a vision model (repeatable)")
     c.add_argument("--fps", type=float, default=None, help="video frames sampled a second (the model's default)")
+    c.add_argument("--audio", type=Path, action="append", default=[], help="an audio file for an omni model (repeatable)")
     c.set_defaults(run=chat)
 
     m = sub.add_parser("embed", parents=[common], help="an embedding of a text or a video, saved as .npy")

@@ -31,6 +31,7 @@ def builders() -> dict:
     from triton_omni.converters.tiny_image import BUILDERS as IMAGE
     from triton_omni.converters.tiny_joyimage import BUILDERS as JOYIMAGE
     from triton_omni.converters.tiny_moe import BUILDERS as MOE
+    from triton_omni.converters.tiny_omni import BUILDERS as OMNI
     from triton_omni.converters.tiny_omnivoice import BUILDERS as OMNIVOICE
     from triton_omni.converters.tiny_qwen3_tts import BUILDERS as QWEN3_TTS
     from triton_omni.converters.tiny_tts import BUILDERS as TTS
@@ -38,7 +39,7 @@ def builders() -> dict:
     from triton_omni.converters.tiny_vision import BUILDERS as VISION
 
     return {**CHAT, **MOE, **TTS, **QWEN3_TTS, **IMAGE, **JOYIMAGE, **OMNIVOICE, **CHATTERBOX, **FISH, **BAGEL, **ASR,
-            **VIDEO, **VISION, **HIGGS}
+            **VIDEO, **VISION, **HIGGS, **OMNI}
 
 
 def _stamp(builder) -> str:

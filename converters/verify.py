@@ -272,6 +272,19 @@ def check_qwen3_5_vl(folder: Path, report: Report, weights: bool = True) -> None
         check_loads(lambda: build_tower(folder), folder, tensors, report)
 
 
+def check_qwen3_omni(folder: Path, report: Report) -> None:
+    """Qwen3-Omni (omni/): config, tokenizer, the feature extractor's config, and the thinker's audio tower
+    tensors against our tower class (the AR step's check covers the thinker's decoder)."""
+    from triton_omni.omni.audio import MODEL_TYPE, Qwen3OmniAudioEncoder
+
+    config = check_config(folder, report, [MODEL_TYPE])
+    check_tokenizer(folder, report)
+    features = read_json(folder / "preprocessor_config.json", report, " (the feature extractor's settings)")
+    tensors = safetensors_weights(folder, "model", report)
+    if config is not None and features is not None and tensors is not None:
+        check_loads(lambda: Qwen3OmniAudioEncoder.build(folder), folder, tensors, report)
+
+
 def check_vjepa2(folder: Path, report: Report, weights: bool = True) -> None:
     """A V-JEPA2 folder (vision/vjepa2/): config and the encoder's tensors against our encoder class."""
     from triton_omni.vision.vjepa2.steps import build_encoder
@@ -499,6 +512,7 @@ FAMILIES: dict[str, dict[str, Kind]] = {
     "triton_omni.video.wan.": {"checkpoint": Kind(check_wan)},
     "triton_omni.vision.qwen3_5_vl.": {"checkpoint": Kind(check_qwen3_5_vl)},
     "triton_omni.vision.vjepa2.": {"checkpoint": Kind(check_vjepa2)},
+    "triton_omni.omni.": {"checkpoint": Kind(check_qwen3_omni)},
 }
 # a step that reads configs alone, or serves random weights (load_format dummy): the check without weights
 CONFIG_ONLY = {check_chat: check_chat_config, check_qwen3_5_vl: lambda f, r: check_qwen3_5_vl(f, r, weights=False),

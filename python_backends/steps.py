@@ -3,6 +3,7 @@ import triton_omni.ar.embeds_step  # noqa: F401
 import triton_omni.ar.step  # noqa: F401
 import triton_omni.asr.steps  # noqa: F401
 import triton_omni.image.steps  # noqa: F401
+import triton_omni.omni.steps  # noqa: F401
 import triton_omni.text.chat  # noqa: F401
 import triton_omni.text.embed  # noqa: F401
 import triton_omni.tts.steps  # noqa: F401

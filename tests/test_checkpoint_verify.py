@@ -105,7 +105,7 @@ BROKEN = [
     ("missing config", "qwen3", "qwen3_chat", remove("config.json"), "config.json", "missing"),
     ("unsupported model_type", "qwen3", "qwen3_chat", set_json("config.json", model_type="gpt2"), "config.json",
      "model_type 'gpt2' is not supported here; supported: higgs_audio, llama, omniasr, qwen3, qwen3_5, qwen3_5_moe, "
-     "qwen3_5_moe_text, qwen3_5_text, qwen3_asr, qwen3_moe"),
+     "qwen3_5_moe_text, qwen3_5_text, qwen3_asr, qwen3_moe, qwen3_omni_moe"),
     ("missing weights", "qwen3", "qwen3_chat", remove("model.safetensors"), "model.safetensors",
      "missing: the folder has no weights (model.safetensors or model.safetensors.index.json)"),
     ("truncated safetensors", "qwen3", "qwen3_chat", truncate("model.safetensors", 100), "model.safetensors",
@@ -137,6 +137,8 @@ BROKEN = [
      "model_type 'vit' is not supported here; supported: vjepa2"),
     ("speech recogniser of another type", "qwen3_asr", "qwen3_asr", set_json("config.json", model_type="whisper"),
      "config.json", "model_type 'whisper' is not supported here; supported: omniasr_ctc, omniasr, qwen3_asr, higgs_audio"),
+    ("omni model without its feature extractor", "qwen3_omni", "qwen3_omni", remove("preprocessor_config.json"),
+     "preprocessor_config.json", "missing (the feature extractor's settings)"),
     ("Higgs Audio without its audio tower", "higgs_audio", "higgs_audio", set_json("config.json", skip_audio_tower=True),
      "config.json", "the model cannot be built from it: ValueError: "),
 ]
@@ -168,6 +170,18 @@ def test_missing_layer(tmp_path, capsys, copy):
     edit_tensors(folder / "model.safetensors", drop_layer_1)
     err = fails(tmp_path, capsys, "qwen3_chat", folder, "model.safetensors", "checkpoint lacks 8 parameter(s)")
     assert "model.layers.1." in err
+
+
+def test_omni_checkpoint_without_its_audio_tower_layers(tmp_path, capsys, copy):
+    folder = copy("qwen3_omni")
+
+    def drop_audio_layer_1(tensors):
+        for name in [n for n in tensors if n.startswith("thinker.audio_tower.layers.1.")]:
+            del tensors[name]
+
+    edit_tensors(folder / "model.safetensors", drop_audio_layer_1)
+    err = fails(tmp_path, capsys, "qwen3_omni", folder, "model.safetensors", "checkpoint lacks")
+    assert "audio_tower.layers.1." in err
 
 
 def test_layer_beyond_the_config(tmp_path, capsys, copy):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 from triton_omni.ar.sampling import SamplingParams  # noqa: E402
 from triton_omni.asr.request import Abilities, parse_options  # noqa: E402
 from triton_omni.image.request import ImageLimits, parse_request as parse_image  # noqa: E402
+from triton_omni.omni.chat import AudioInputs, parse_audio_messages  # noqa: E402
 from triton_omni.runtime.errors import InvalidInput  # noqa: E402
 from triton_omni.runtime.step import Request  # noqa: E402
 from triton_omni.text.chat import parse_messages  # noqa: E402
@@ -61,6 +62,20 @@ def test_sampling_parameters(raw):
                                         max_size=3), max_size=4))
 def test_chat_messages(raw):
     only_invalid_input(lambda: parse_messages(raw))
+
+
+AUDIO_PARTS = st.fixed_dictionaries({"type": st.sampled_from(["text", "input_audio", "audio_url", "audio", "file", "image"])},
+                                    optional={"text": JSON, "input_audio": JSON | st.fixed_dictionaries(
+                                        {"data": st.text(max_size=12) | JSON, "format": JSON}), "audio_url": JSON,
+                                        "file": JSON | st.fixed_dictionaries({"file_data": st.text(max_size=30)})})
+
+
+@FUZZ
+@given(JSON | st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]) | JSON},
+                                             optional={"content": JSON | st.lists(AUDIO_PARTS | JSON, max_size=3)}),
+                       max_size=3), st.lists(st.binary(max_size=8), max_size=2))
+def test_chat_messages_with_audio(raw, audios):
+    only_invalid_input(lambda: parse_audio_messages(raw, AudioInputs(np.array(audios, dtype=object) if audios else None)))
 
 
 @FUZZ

@@ -35,8 +35,8 @@ async def parse_messages(body: Fields, max_chars: int, allow_urls: bool = False,
                          max_media_bytes: int = 0) -> tuple[list[dict], dict[str, list[bytes]]]:
     """The messages, their text joined, an assistant's tool_calls and reasoning_content and a tool
     result's tool_call_id kept; refused past `max_chars` characters of text in all (the prompt the
-    model would tokenize), before anything is sent. A message with images or videos keeps its parts,
-    the media's bytes going to the model's `images` / `videos` inputs (media.py)."""
+    model would tokenize), before anything is sent. A message with images, videos or audio keeps its
+    parts, the media's bytes going to the model's `images` / `videos` / `audios` inputs (media.py)."""
     raw = body.raw("messages")
     if raw is None:
         raise missing("messages")
@@ -69,6 +69,15 @@ async def parse_messages(body: Fields, max_chars: int, allow_urls: bool = False,
                 msg[key] = m[key]
         out.append(msg)
     return out, media
+
+
+def first_part(messages: list[dict], kind: str) -> str:
+    """Where the first content part of a media kind is (messages[i].content[j]: parse_messages keeps the parts)."""
+    for i, m in enumerate(messages):
+        for j, part in enumerate(m["content"] if isinstance(m["content"], list) else []):
+            if part.get("type") == kind:
+                return f"messages[{i}].content[{j}]"
+    return "messages"
 
 
 def check_unsupported(body: Fields) -> None:
@@ -113,12 +122,12 @@ async def chat_completions(request: Request):
     model = await proxy.models.resolve("chat", model_name)
     for kind in media:
         if f"{kind}s" not in model.inputs:
-            raise bad_field("messages", f"the model '{model.name}' takes no {kind}s (only text content parts)")
+            raise bad_field(first_part(messages, kind), f"the model '{model.name}' takes no {kind} content parts")
 
     values = {"messages": (messages, "BYTES"), "sampling_parameters": (sampling or None, "BYTES"),
               "stream": (stream, "BOOL"), "chat_template_kwargs": (template_kwargs, "BYTES"), **tool_inputs(body),
               "images": (media.get("image"), "BYTES"), "videos": (media.get("video"), "BYTES"),
-              "mm_processor_kwargs": (mm_kwargs, "BYTES")}
+              "audios": (media.get("audio"), "BYTES"), "mm_processor_kwargs": (mm_kwargs, "BYTES")}
     replies = proxy.gateway.stream(model.name, values, request.is_disconnected, param_mapper(names),
                                    batched=model.batched)
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model.name}

@@ -1,9 +1,10 @@
 """Images and videos in requests: chat content parts and embedding inputs, as bytes for the model.
 
-Accepted parts: `image_url` (OpenAI), `video_url` (vLLM's extension) and `file` (OpenAI's file input,
-an image/* or video/* `file_data`), each a base64 `data:` URL; the bytes travel to the model as its
-`images` / `videos` inputs, and the part becomes {"type": "image"} / {"type": "video"}, which takes
-them in order. http(s) URLs are fetched only when the proxy is started with --allow-media-urls (at
+Accepted parts: `image_url` (OpenAI), `video_url` and `audio_url` (vLLM's extensions) and `file` (OpenAI's
+file input, an image/*, video/* or audio/* `file_data`), each a base64 `data:` URL, and `input_audio`
+(OpenAI's audio input: base64 `data` and its `format`); the bytes travel to the model as its `images` /
+`videos` / `audios` inputs, and the part becomes {"type": "image"} / {"type": "video"} / {"type": "audio"},
+which takes them in order. http(s) URLs are fetched only when the proxy is started with --allow-media-urls (at
 most max_upload_bytes each); otherwise refused with 400 naming the part, as is any other part type.
 """
 from __future__ import annotations
@@ -16,8 +17,8 @@ import urllib.request
 from triton_omni.client.openai_proxy.errors import ProxyError, bad_field
 
 FETCH_TIMEOUT_S = 20
-URL_KEYS = {"image_url": "image", "video_url": "video"}
-PARTS = ("text", "image_url", "video_url", "file")
+URL_KEYS = {"image_url": "image", "video_url": "video", "audio_url": "audio"}
+PARTS = ("text", "image_url", "video_url", "audio_url", "input_audio", "file")
 
 
 def from_data_url(url: str, field: str, what: str = "") -> tuple[str, bytes]:
@@ -83,15 +84,28 @@ async def content_parts(content: list, where: str, allow_urls: bool, limit: int,
             parts.append({"type": "text", "text": part["text"]})
             chars += len(part["text"])
             continue
-        if kind == "file":
+        if kind == "input_audio":          # OpenAI's audio input: {"data": base64, "format": "wav"}
+            spec = part.get("input_audio")
+            if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
+                raise bad_field(field, "input_audio: expected {'data': '<base64>', 'format': 'wav' | 'mp3' | ...}")
+            try:
+                data = base64.b64decode(spec["data"], validate=True)
+            except (binascii.Error, ValueError):
+                raise bad_field(field, "input_audio.data: not valid base64") from None
+            kind = "audio"
+            if len(data) > limit:
+                raise ProxyError(413, f"'{field}': {len(data)} bytes; at most {limit} are accepted", param=field,
+                                 code="file_too_large")
+        elif kind == "file":
             f = part.get("file")
             data_url = f.get("file_data") if isinstance(f, dict) else None
             if not isinstance(data_url, str):
-                raise bad_field(field, "file: expected {'file_data': 'data:<image or video type>;base64,...'}")
+                raise bad_field(field, "file: expected {'file_data': 'data:<image, video or audio type>;base64,...'}")
             mime, data = from_data_url(data_url, field, "file.file_data")
             kind = mime.split("/")[0]
-            if kind not in ("image", "video"):
-                raise bad_field(field, f"file.file_data: a {mime or 'untyped'} file; image/* and video/* are accepted")
+            if kind not in ("image", "video", "audio"):
+                raise bad_field(field, f"file.file_data: a {mime or 'untyped'} file; image/*, video/* and audio/* "
+                                       "are accepted")
             if len(data) > limit:
                 raise ProxyError(413, f"'{field}': {len(data)} bytes; at most {limit} are accepted", param=field,
                                  code="file_too_large")

@@ -32,6 +32,7 @@ MAX_ROPE_AXES = 4
 def placeholder_ids(folder) -> list[int]:
     """The checkpoint's placeholder token ids (config.json and its text_config)."""
     config = json.loads((folder / "config.json").read_text())
+    config = config.get("thinker_config") or config          # Qwen3-Omni keeps them in its thinker's config
     ids = {config[k] for k in PLACEHOLDER_KEYS if isinstance(config.get(k), int)}
     text = config.get("text_config") or {}
     ids |= {text[k] for k in PLACEHOLDER_KEYS if isinstance(text.get(k), int)}

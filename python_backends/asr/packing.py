@@ -34,14 +34,5 @@ def clips_of(req: Request, min_samples: int, max_samples: int) -> list[np.ndarra
     return [samples[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def forward_groups(sizes: list[int], budget: int) -> list[list[int]]:
-    """Indices of `sizes` in consecutive groups whose sizes add up to at most `budget` (a larger one alone)."""
-    groups: list[list[int]] = []
-    total = 0
-    for i, n in enumerate(sizes):
-        if not groups or total + n > budget:
-            groups.append([])
-            total = 0
-        groups[-1].append(i)
-        total += n
-    return groups
+# moved to encoders/batching.py (shared with the omni family); importers here keep it
+from triton_omni.encoders.batching import forward_groups  # noqa: E402,F401

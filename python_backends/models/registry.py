@@ -27,6 +27,8 @@ MODELS = {
     "qwen3_asr": ("triton_omni.models.qwen3", "Qwen3ASRDecoder"),
     "omniasr": ("triton_omni.models.llama", "OmniASRDecoder"),
     "higgs_audio": ("triton_omni.models.llama", "HiggsAudioDecoder"),
+    # Qwen3-Omni: the thinker's text decoder (its audio tower runs in omni/; talker and code2wav are not served)
+    "qwen3_omni_moe": ("triton_omni.models.qwen3_omni", "Qwen3OmniThinkerForCausalLM"),
 }
 
 
@@ -52,13 +54,15 @@ def text_config(folder: str | Path):
     raw = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     if raw.get("model_type") in OWN_CONFIGS:
         return own_text_config(raw), raw["model_type"]
-    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    top = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    # Qwen3-Omni nests the decoder one level further: thinker_config.text_config
+    config = getattr(top, "thinker_config", None) or top
     text = getattr(config, "text_config", None)
     if text is None:
-        return config, config.model_type
+        return config, top.model_type
     # a multimodal checkpoint ties its lm_head by the top-level flag, as transformers does
-    text.tie_word_embeddings = getattr(config, "tie_word_embeddings", text.tie_word_embeddings)
-    return text, config.model_type
+    text.tie_word_embeddings = getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))
+    return text, top.model_type
 
 
 @contextlib.contextmanager

@@ -13,13 +13,12 @@ in prompt order. Every error names the part: `messages[0].content[1].image_url`.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from triton_omni.media.data_url import decode_data_url  # noqa: F401 - moved there; importers here keep it
 from triton_omni.runtime.errors import InvalidInput
 from triton_omni.text.chat import ROLES
 
@@ -32,23 +31,6 @@ class MediaPart:
     kind: str           # "image" or "video"
     data: bytes         # encoded (PNG, JPEG, MP4, ...)
     field: str          # where it came from, for errors: messages[0].content[1].image_url, images[0]
-
-
-def decode_data_url(url: str, field: str) -> tuple[str, bytes]:
-    """A `data:<mime>;base64,<payload>` URL -> (mime, bytes)."""
-    if url.startswith(("http://", "https://")):
-        raise InvalidInput(field, "remote URLs are not fetched by the server; send a data: URL (base64) or the "
-                                  "bytes in the request's images / videos input")
-    if not url.startswith("data:") or "," not in url:
-        raise InvalidInput(field, "expected a data: URL (data:<mime type>;base64,<data>)")
-    head, payload = url[5:].split(",", 1)
-    if not head.endswith(";base64"):
-        raise InvalidInput(field, "only base64 data: URLs are supported")
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidInput(field, "the data: URL's payload is not valid base64") from None
-    return head[:-len(";base64")].lower(), data
 
 
 def _url(part: dict, key: str, field: str) -> str:

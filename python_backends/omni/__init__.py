@@ -1,0 +1,1 @@
+"""Qwen3-Omni: the thinker (speech, text in; text out, streamed)."""
