@@ -24,6 +24,12 @@ class Settings:
     request_timeout_s: float = 600.0        # a whole Triton request (stream) ends with 504 past this
     max_video_jobs: int = 64                # video jobs kept (finished ones dropped oldest first); 429 when all run
     allow_media_urls: bool = False          # fetch http(s) image / video URLs of chat and embedding requests
+    # /v1/realtime: the cascade's models when a session names none (None: the one model serving the route)
+    realtime_chat_model: str | None = None
+    realtime_transcription_model: str | None = None
+    realtime_speech_model: str | None = None
+    realtime_voice: str | None = None       # None: the speech model's default voice
+    realtime_max_buffer_bytes: int = 16 << 20   # a session's input audio buffer (~5.8 min of 24 kHz PCM16)
 
 
 @dataclass
