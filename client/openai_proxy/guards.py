@@ -5,7 +5,8 @@ list); a request sends one as `Authorization: Bearer KEY`. The sent key is compa
 in constant time (hmac.compare_digest over SHA-256 digests: neither a key's length nor which key
 matched shows in the timing). The rate limit is a token bucket per key (per client address when the
 proxy is open): `burst` requests at once, refilled at `per_minute` a minute; past it, 429 with
-`Retry-After` (whole seconds until the next request may go). `/health` needs neither.
+`Retry-After` (whole seconds until the next request may go). `/health` needs neither. The realtime
+WebSocket checks both with `admit` before it accepts the socket (one token a session).
 """
 from __future__ import annotations
 
