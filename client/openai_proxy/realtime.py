@@ -276,6 +276,12 @@ class Session:
                 "metadata": opts.get("metadata"), "usage": None}
         self.response = asyncio.create_task(self.respond(meta, chat, speech, voice, instructions, sampling,
                                                          conversation == "auto"))
+        self.response.response_id = meta["id"]
+        self.response.add_done_callback(self.response_ended)
+
+    def response_ended(self, task: asyncio.Task) -> None:
+        if self.response is task:
+            self.response = None
 
     async def response_cancel(self, event: dict) -> None:
         wanted = event.get("response_id")
@@ -284,7 +290,9 @@ class Session:
         if wanted is not None and wanted != self.response_id:
             raise EventError(f"'response_id': the response in progress is {self.response_id}", "response_id",
                              "response_cancel_not_active")
-        self.response.cancel()
+        await asyncio.sleep(0)      # a response created in the same breath starts first, so it always ends
+        if self.response is not None:     # with its response.done
+            self.response.cancel()
 
     # -- work in the background ------------------------------------------------------------------------------
     def start_transcription(self, item: Item, model: str, pcm: bytes) -> None:
@@ -311,13 +319,12 @@ class Session:
 
     async def respond(self, meta: dict, chat, speech: str | None, voice: str | None, instructions: str,
                       sampling: dict, in_conversation: bool) -> None:
-        asyncio.current_task().response_id = meta["id"]
         rid = meta["id"]
         item = Item(new_id("item"), "assistant", "audio" if speech else "text", "", "in_progress")
         ids = {"response_id": rid, "item_id": item.id, "output_index": 0, "content_index": 0}
         answer, status, details, started = Answer(), "completed", None, False
-        await self.send({"type": "response.created", "response": meta})
         try:
+            await self.send({"type": "response.created", "response": meta})
             messages = await self.conversation.messages(instructions)
             previous = self.conversation.add(item) if in_conversation else None
             await self.send({"type": "response.output_item.added", "response_id": rid, "output_index": 0,
