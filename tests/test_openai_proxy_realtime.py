@@ -235,6 +235,27 @@ def test_text_turn_from_a_created_item(server, session):
     assert 0 < events[-1]["response"]["usage"]["output_tokens"] <= MAX_TOKENS
 
 
+def test_audio_item_is_transcribed_and_answered(server, session, speech):
+    session.send(type="conversation.item.create", item={"role": "user", "content": [
+        {"type": "input_audio", "audio": base64.b64encode(speech).decode()}]})
+    created = session.recv()
+    assert created["item"]["content"] == [{"type": "input_audio", "transcript": None}]
+    heard = session.until("conversation.item.input_audio_transcription.completed")[-1]
+    direct = TranscribeClient(server.grpc_url, timeout_s=TIMEOUT_S).transcribe("omniasr_ctc", wav_of(speech, 24000))
+    assert heard["item_id"] == created["item"]["id"] and heard["transcript"] == direct.text.strip()
+    # an audio part with its transcript is taken as said, not transcribed again
+    session.send(type="conversation.item.create", item={"role": "user", "content": [
+        {"type": "input_audio", "transcript": "And you?"}]})
+    assert session.recv()["item"]["content"] == [{"type": "input_audio", "transcript": "And you?"}]
+    session.send(type="response.create", response={"modalities": ["text"], "temperature": 0,
+                                                   "max_output_tokens": MAX_TOKENS})
+    events = session.until("response.done")
+    assert not of(events, "conversation.item.input_audio_transcription.completed")
+    text = "".join(e["delta"] for e in of(events, "response.text.delta"))
+    assert text == greedy_answer(server, [{"role": "user", "content": heard["transcript"]},
+                                          {"role": "user", "content": "And you?"}])
+
+
 def decode_steps(server) -> float:
     return metric(server, "triton_omni_ar_decode_steps", "qwen3_chat_ar")
 
