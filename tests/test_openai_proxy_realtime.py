@@ -33,7 +33,8 @@ API_KEY = "sk-realtime"
 MODELS = ["omniasr_ctc", "qwen3_chat", "kokoro_tts"]
 BUFFER_LIMIT = 200_000          # bytes: ~4 s of 24 kHz PCM16
 MAX_TOKENS = 6                  # short answers: each sentence costs the tiny TTS seconds on a CPU
-LONG_TOKENS = 1500              # an answer long enough to be cancelled while it is written
+LONG_TOKENS = 600               # an answer long enough to be cancelled while it is written (and short
+                                # enough that, whole, the next prompt still fits qwen3_chat's 2048 tokens)
 TIMEOUT_S = 180
 
 
@@ -256,6 +257,18 @@ def test_audio_item_is_transcribed_and_answered(server, session, speech):
                                           {"role": "user", "content": "And you?"}])
 
 
+def test_a_failed_transcription_says_why_and_the_turn_goes_on(session):
+    assert session.update(input_audio_transcription={"model": "omniasr_ctc", "language": "12345"},
+                          modalities=["text"], max_response_output_tokens=2)["type"] == "session.updated"
+    append(session, tone(24000, 0.5))
+    session.send(type="input_audio_buffer.commit")
+    failed = session.until("conversation.item.input_audio_transcription.failed")[-1]
+    assert failed["error"]["param"] == "session.input_audio_transcription.language", failed
+    assert "12345" in failed["error"]["message"]
+    session.send(type="response.create")        # answered all the same, the turn's text empty
+    assert session.until("response.done")[-1]["response"]["status"] in ("completed", "incomplete")
+
+
 def decode_steps(server) -> float:
     return metric(server, "triton_omni_ar_decode_steps", "qwen3_chat_ar")
 
@@ -304,7 +317,7 @@ def test_cancel_mid_response_then_answer_again(server, session):
     # the session goes on: a new (short, text) response, the cancelled answer in its history
     session.send(type="response.create", response={"modalities": ["text"], "max_output_tokens": MAX_TOKENS})
     events = session.until("response.done")
-    assert events[-1]["response"]["status"] in ("completed", "incomplete")
+    assert events[-1]["response"]["status"] in ("completed", "incomplete"), events[-1]["response"]
     assert 0 < events[-1]["response"]["usage"]["output_tokens"] <= MAX_TOKENS and of(events, "response.text.delta")
 
 

@@ -305,6 +305,8 @@ class Session:
         try:
             result = await transcribe(self.gateway, model, wav_of(pcm, rate), self.config.language)
         except ProxyError as e:
+            if e.param in ("language", "file"):      # the model's field, as the session names it
+                e.param = {"language": "session.input_audio_transcription.language", "file": "audio"}[e.param]
             item.text = ""
             await self.send({"type": "conversation.item.input_audio_transcription.failed", "item_id": item.id,
                              "content_index": 0, "error": _error_event(e, None)["error"]})
