@@ -36,6 +36,7 @@ MAX_TOKENS = 6                  # short answers: each sentence costs the tiny TT
 LONG_TOKENS = 600               # an answer long enough to be cancelled while it is written (and short
                                 # enough that, whole, the next prompt still fits qwen3_chat's 2048 tokens)
 TIMEOUT_S = 180
+MAX_SESSIONS = 4                # the tests hold at most two at once
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,8 @@ def server(tmp_path_factory, tiny_checkpoints):
 @pytest.fixture(scope="module")
 def proxy(server, tmp_path_factory):
     log = tmp_path_factory.mktemp("realtime_proxy") / "proxy.log"
-    with running_proxy(server.grpc_url, log, "--api-key", API_KEY,
-                       "--realtime-max-buffer-bytes", str(BUFFER_LIMIT)) as url:
+    with running_proxy(server.grpc_url, log, "--api-key", API_KEY, "--realtime-max-buffer-bytes", str(BUFFER_LIMIT),
+                       "--realtime-max-sessions", str(MAX_SESSIONS)) as url:
         yield url
 
 
@@ -152,6 +153,25 @@ def test_key_is_required(proxy):
                                      subprotocols=["realtime", f"openai-insecure-api-key.{API_KEY}"])
     assert json.loads(ws.recv())["type"] == "session.created" and ws.subprotocol == "realtime"
     ws.close()
+
+
+def test_sessions_past_the_limit_are_refused_until_one_closes(proxy):
+    open_ = [Realtime(proxy) for _ in range(MAX_SESSIONS)]
+    with pytest.raises(websocket.WebSocketBadStatusException) as err:
+        Realtime(proxy)
+    assert err.value.status_code == 429
+    assert json.loads(err.value.resp_body)["error"]["code"] == "too_many_sessions"
+    open_.pop().close()
+    deadline = time.monotonic() + 10
+    while True:                 # the proxy sees the close a moment later
+        try:
+            open_.append(Realtime(proxy))
+            break
+        except websocket.WebSocketBadStatusException:
+            assert time.monotonic() < deadline, "a closed session kept its place"
+            time.sleep(0.2)
+    for rt in open_:
+        rt.close()
 
 
 def test_session_names_the_cascade_models(session):

@@ -52,6 +52,8 @@ def parser() -> argparse.ArgumentParser:
     rt.add_argument("--realtime-voice", default=None, metavar="VOICE", help="its voice (default: the model's own)")
     rt.add_argument("--realtime-max-buffer-bytes", type=int, default=d.realtime_max_buffer_bytes, metavar="N",
                     help="a session's input audio buffer; an append past it gets an error event")
+    rt.add_argument("--realtime-max-sessions", type=int, default=d.realtime_max_sessions, metavar="N",
+                    help="sessions open at once; past it the WebSocket handshake gets 429")
     ap.add_argument("--log-level", default="info")
     return ap
 
@@ -67,7 +69,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
                     allow_media_urls=args.allow_media_urls, realtime_chat_model=args.realtime_chat_model,
                     realtime_transcription_model=args.realtime_transcription_model,
                     realtime_speech_model=args.realtime_speech_model, realtime_voice=args.realtime_voice,
-                    realtime_max_buffer_bytes=args.realtime_max_buffer_bytes)
+                    realtime_max_buffer_bytes=args.realtime_max_buffer_bytes,
+                    realtime_max_sessions=args.realtime_max_sessions)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ class Settings:
     realtime_speech_model: str | None = None
     realtime_voice: str | None = None       # None: the speech model's default voice
     realtime_max_buffer_bytes: int = 16 << 20   # a session's input audio buffer (~5.8 min of 24 kHz PCM16)
+    realtime_max_sessions: int = 64         # open at once; past it the handshake gets 429
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Proxy:
     videos: object = None
     keys: object = None         # guards.KeyRing; None: no key needed
     limiter: object = None      # guards.RateLimiter; None: no rate limit
+    realtime_sessions: int = 0  # open /v1/realtime sessions
 
 
 def proxy_of(request: Request) -> Proxy:

@@ -56,6 +56,11 @@ def _authorization(ws: WebSocket) -> str:
 async def realtime(ws: WebSocket):
     proxy = ws.app.state.proxy
     refused = admit(proxy, _authorization(ws), ws.client.host if ws.client else None)
+    limit = proxy.settings.realtime_max_sessions
+    if refused is None and proxy.realtime_sessions >= limit:
+        refused = ProxyError(429, f"{limit} realtime sessions are open, the most this proxy keeps at once (its "
+                                  "--realtime-max-sessions); retry later", code="too_many_sessions",
+                             headers={"Retry-After": "1"})
     if refused is not None:
         if "websocket.http.response" in ws.scope.get("extensions", {}):    # the HTTP answer, in OpenAI's shape
             await ws.send_denial_response(JSONResponse(refused.body(), refused.status, refused.headers))
@@ -63,8 +68,12 @@ async def realtime(ws: WebSocket):
             await ws.close(code=1008, reason=refused.message[:120])
         return
     offered = ws.scope.get("subprotocols", [])
-    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
-    await Session(proxy, ws, ws.query_params.get("model")).run()
+    proxy.realtime_sessions += 1
+    try:
+        await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+        await Session(proxy, ws, ws.query_params.get("model")).run()
+    finally:
+        proxy.realtime_sessions -= 1
 
 
 def _error_event(e: EventError | ProxyError, event_id) -> dict:
