@@ -370,6 +370,10 @@ def test_refused_voice_fails_the_response_and_a_cancel_at_once_ends_one(session)
 BAD_EVENTS = [
     ("{not json", "invalid_json", None),
     ("[1, 2]", "invalid_event", None),
+    # a lone surrogate (JSON lets one be escaped) would break every later prompt of the conversation
+    ('{"type": "conversation.item.create", "item": {"role": "user", "content": [{"type": "input_text", '
+     '"text": "\\ud800 odd"}]}}', "invalid_value", "item.content[0].text"),
+    ('{"type": "session.update", "session": {"instructions": "\\udfff"}}', "invalid_value", "session.instructions"),
     ({"type": "nope.nothing"}, "unknown_event_type", "type"),
     ({"event_id": "no-type"}, "unknown_event_type", "type"),
     ({"type": "response.create"}, "conversation_empty", None),        # nothing to answer yet
@@ -392,7 +396,8 @@ BAD_EVENTS = [
     ({"type": "conversation.item.create", "item": {"role": "user", "content": [{"type": "input_text"}]}},
      "invalid_value", "item.content[0].text"),
     ({"type": "conversation.item.create", "previous_item_id": "item_missing",
-      "item": {"role": "user", "content": [{"type": "input_text", "text": "x"}]}}, "item_not_found", "previous_item_id"),
+      "item": {"role": "user", "content": [{"type": "input_text", "text": "x"}]}},
+     "item_not_found", "previous_item_id"),
 ]
 
 

@@ -26,9 +26,9 @@ from fastapi.responses import JSONResponse
 from triton_omni.client.openai_proxy.errors import ProxyError
 from triton_omni.client.openai_proxy.guards import admit
 from triton_omni.client.openai_proxy.realtime_cascade import Answer, run_cascade, transcribe
-from triton_omni.client.openai_proxy.realtime_session import (AudioBuffer, Conversation, EventError, Item,
-                                                              SessionConfig, check_max_tokens, check_modalities,
-                                                              check_temperature, decode_pcm, new_id, wav_of)
+from triton_omni.client.openai_proxy.realtime_session import (
+    MAX_INSTRUCTIONS_CHARS, MAX_NAME_CHARS, AudioBuffer, Conversation, EventError, Item, SessionConfig,
+    check_max_tokens, check_modalities, check_temperature, check_text, decode_pcm, new_id, wav_of)
 
 router = APIRouter()
 log = logging.getLogger("openai_proxy")
@@ -100,7 +100,8 @@ class Session:
             return
         async with self.lock:
             try:
-                await self.ws.send_text(json.dumps({"event_id": new_id("event"), **event}, ensure_ascii=False))
+                # ASCII JSON: a lone surrogate a client sent (escaped) and gets echoed cannot fail the encoding
+                await self.ws.send_text(json.dumps({"event_id": new_id("event"), **event}))
             except Exception:  # noqa: BLE001 - the client is gone: the receive loop ends the session
                 self.open = False
 
@@ -221,9 +222,7 @@ class Session:
                 pcm, kind = decode_pcm(part.get("audio"), f"{where}.audio"), "input_audio"
                 continue
             key = "transcript" if ptype in ("input_audio", "audio") else "text"
-            if not isinstance(part.get(key), str):
-                raise EventError(f"'{where}.{key}': expected a string", f"{where}.{key}")
-            texts.append(part[key])
+            texts.append(check_text(part.get(key), f"{where}.{key}"))
             kind = "input_audio" if ptype == "input_audio" else ("audio" if ptype == "audio" else kind)
         item_id = raw.get("id") or new_id("item")
         if not isinstance(item_id, str) or len(item_id) > MAX_ITEM_ID_CHARS:
@@ -260,12 +259,11 @@ class Session:
         temperature = check_temperature(opts.get("temperature"), "response.temperature")
         limit = next((k for k in ("max_output_tokens", "max_response_output_tokens") if k in opts), None)
         max_tokens = check_max_tokens(opts[limit], f"response.{limit}") if limit else c.max_output_tokens
-        instructions = opts.get("instructions", c.instructions)
-        if not isinstance(instructions, str):
-            raise EventError("'response.instructions': expected a string", "response.instructions")
+        instructions = check_text(opts.get("instructions", c.instructions), "response.instructions",
+                                  MAX_INSTRUCTIONS_CHARS)
         voice = opts.get("voice", c.voice)
-        if voice is not None and not isinstance(voice, str):
-            raise EventError("'response.voice': expected a voice name", "response.voice")
+        if voice is not None:
+            voice = check_text(voice, "response.voice", MAX_NAME_CHARS)
         conversation = opts.get("conversation", "auto")
         if conversation not in ("auto", "none"):
             raise EventError("'response.conversation': expected \"auto\" or \"none\"", "response.conversation")

@@ -38,13 +38,25 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
+def check_text(value, param: str, max_chars: int | None = None) -> str:
+    """A string that is valid Unicode (a lone surrogate, sent escaped, is not: no model could encode it)."""
+    if not isinstance(value, str) or (max_chars is not None and len(value) > max_chars):
+        limit = f" of at most {max_chars} characters" if max_chars is not None else ""
+        raise EventError(f"'{param}': expected a string{limit}", param)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EventError(f"'{param}': not valid Unicode (a lone surrogate)", param) from None
+    return value
+
+
 def _name(value, param: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_NAME_CHARS:
         raise EventError(f"'{param}': expected a name (a non-empty string of at most {MAX_NAME_CHARS} characters)",
                          param)
-    return value
+    return check_text(value, param)
 
 
 def _rate(value, param: str) -> int:
@@ -122,10 +134,7 @@ class SessionConfig:
                 changes["transcription_model"] = _name(value.get("model"), f"{param}.model")
                 changes["language"] = _name(value.get("language"), f"{param}.language")
             elif key == "instructions":
-                if not isinstance(value, str) or len(value) > MAX_INSTRUCTIONS_CHARS:
-                    raise EventError(f"'{param}': expected a string of at most {MAX_INSTRUCTIONS_CHARS} characters",
-                                     param)
-                changes["instructions"] = value
+                changes["instructions"] = check_text(value, param, MAX_INSTRUCTIONS_CHARS)
             elif key == "modalities":
                 changes["modalities"] = check_modalities(value, param)
             elif key == "input_audio_format":
