@@ -41,6 +41,19 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--allow-media-urls", action="store_true",
                     help="fetch http(s) image and video URLs of chat messages and embedding inputs (default: only "
                          "base64 data: URLs; at most --max-upload-bytes each)")
+    rt = ap.add_argument_group("realtime", "WebSocket /v1/realtime: speech to text -> chat -> text to speech; "
+                               "a session's own model names win over these")
+    rt.add_argument("--realtime-chat-model", default=None, metavar="NAME",
+                    help="the chat model (default: the one chat model served)")
+    rt.add_argument("--realtime-transcription-model", default=None, metavar="NAME",
+                    help="the speech-to-text model (default: the one transcription model served)")
+    rt.add_argument("--realtime-speech-model", default=None, metavar="NAME",
+                    help="the text-to-speech model (default: the one speech model served)")
+    rt.add_argument("--realtime-voice", default=None, metavar="VOICE", help="its voice (default: the model's own)")
+    rt.add_argument("--realtime-max-buffer-bytes", type=int, default=d.realtime_max_buffer_bytes, metavar="N",
+                    help="a session's input audio buffer; an append past it gets an error event")
+    rt.add_argument("--realtime-max-sessions", type=int, default=d.realtime_max_sessions, metavar="N",
+                    help="sessions open at once; past it the WebSocket handshake gets 429")
     ap.add_argument("--log-level", default="info")
     return ap
 
@@ -53,7 +66,11 @@ def settings_of(args: argparse.Namespace) -> Settings:
                     max_text_chars=args.max_text_chars, rate_limit_per_minute=args.rate_limit,
                     rate_limit_burst=args.rate_limit_burst, cors_origins=tuple(args.cors_origin),
                     voices_dir=args.voices_dir, request_timeout_s=args.request_timeout,
-                    allow_media_urls=args.allow_media_urls)
+                    allow_media_urls=args.allow_media_urls, realtime_chat_model=args.realtime_chat_model,
+                    realtime_transcription_model=args.realtime_transcription_model,
+                    realtime_speech_model=args.realtime_speech_model, realtime_voice=args.realtime_voice,
+                    realtime_max_buffer_bytes=args.realtime_max_buffer_bytes,
+                    realtime_max_sessions=args.realtime_max_sessions)
 
 
 def main(argv: list[str] | None = None) -> int:

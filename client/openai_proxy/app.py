@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, Depends, FastAPI, Request
 
 from triton_omni.client.openai_proxy import (audio, chat, completions, embeddings, images, metrics, playground,
-                                          transcriptions, videos)
+                                          realtime, transcriptions, videos)
 from triton_omni.client.openai_proxy.context import Proxy, Settings, proxy_of
 from triton_omni.client.openai_proxy.errors import ProxyError, install
 from triton_omni.client.openai_proxy.guards import KeyRing, RateLimiter, add_cors, guard
@@ -72,6 +72,7 @@ def create_app(settings: Settings) -> FastAPI:
             return {"status": "ok", "time": int(time.time())}
         raise ProxyError(503, "the Triton server is unavailable", code="triton_unavailable")
 
+    app.include_router(realtime.router)     # WebSocket /v1/realtime: checks the key itself (guards.admit)
     secured = [Depends(guard)]
     for router in (models_router, chat.router, completions.router, audio.router, transcriptions.router,
                    images.router, videos.router, embeddings.router):

@@ -24,6 +24,13 @@ class Settings:
     request_timeout_s: float = 600.0        # a whole Triton request (stream) ends with 504 past this
     max_video_jobs: int = 64                # video jobs kept (finished ones dropped oldest first); 429 when all run
     allow_media_urls: bool = False          # fetch http(s) image / video URLs of chat and embedding requests
+    # /v1/realtime: the cascade's models when a session names none (None: the one model serving the route)
+    realtime_chat_model: str | None = None
+    realtime_transcription_model: str | None = None
+    realtime_speech_model: str | None = None
+    realtime_voice: str | None = None       # None: the speech model's default voice
+    realtime_max_buffer_bytes: int = 16 << 20   # a session's input audio buffer (~5.8 min of 24 kHz PCM16)
+    realtime_max_sessions: int = 64         # open at once; past it the handshake gets 429
 
 
 @dataclass
@@ -35,6 +42,7 @@ class Proxy:
     videos: object = None
     keys: object = None         # guards.KeyRing; None: no key needed
     limiter: object = None      # guards.RateLimiter; None: no rate limit
+    realtime_sessions: int = 0  # open /v1/realtime sessions
 
 
 def proxy_of(request: Request) -> Proxy:

@@ -5,7 +5,8 @@ list); a request sends one as `Authorization: Bearer KEY`. The sent key is compa
 in constant time (hmac.compare_digest over SHA-256 digests: neither a key's length nor which key
 matched shows in the timing). The rate limit is a token bucket per key (per client address when the
 proxy is open): `burst` requests at once, refilled at `per_minute` a minute; past it, 429 with
-`Retry-After` (whole seconds until the next request may go). `/health` needs neither.
+`Retry-After` (whole seconds until the next request may go). `/health` needs neither. The realtime
+WebSocket checks both with `admit` before it accepts the socket (one token a session).
 """
 from __future__ import annotations
 
@@ -86,25 +87,32 @@ class RateLimiter:
             del self.buckets[client]
 
 
-async def guard(request: Request) -> None:
-    """The dependency of every /v1 route: the API key (401), then the caller's rate (429)."""
-    proxy = proxy_of(request)
-    client: object = request.client.host if request.client else "unknown"
+def admit(proxy, authorization: str, host: str | None) -> ProxyError | None:
+    """The API key (401), then the caller's rate (429): None when the call may go. Shared by the
+    HTTP routes (`guard`) and the realtime WebSocket (realtime.py)."""
+    client: object = host or "unknown"
     if proxy.keys is not None:
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
+        scheme, _, token = authorization.partition(" ")
         client = proxy.keys.match(token.strip()) if scheme.lower() == "bearer" else None
         if client is None:
-            await refuse(request, ProxyError(401, "Incorrect API key provided" if given else "Missing API key: send "
-                                             "'Authorization: Bearer <key>'", code="invalid_api_key"))
+            return ProxyError(401, "Incorrect API key provided" if authorization else "Missing API key: send "
+                              "'Authorization: Bearer <key>'", code="invalid_api_key")
     if proxy.limiter is not None:
         wait = proxy.limiter.take(client)
         if wait > 0:
             seconds = max(1, math.ceil(wait))
             rate = proxy.settings.rate_limit_per_minute
-            await refuse(request, ProxyError(429, f"Rate limit reached: at most {rate:g} requests a minute; retry in "
-                                             f"{seconds} s", code="rate_limit_exceeded",
-                                             headers={"Retry-After": str(seconds)}))
+            return ProxyError(429, f"Rate limit reached: at most {rate:g} requests a minute; retry in {seconds} s",
+                              code="rate_limit_exceeded", headers={"Retry-After": str(seconds)})
+    return None
+
+
+async def guard(request: Request) -> None:
+    """The dependency of every /v1 route: the API key (401), then the caller's rate (429)."""
+    error = admit(proxy_of(request), request.headers.get("authorization", ""),
+                  request.client.host if request.client else None)
+    if error is not None:
+        await refuse(request, error)
 
 
 def add_cors(app: FastAPI, origins: Iterable[str]) -> None:
