@@ -13,8 +13,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from perf_analyzer_configs.reliability.run import idle_gauges
 from triton_omni.client.chat import ChatClient
 from triton_omni.client.speech import SpeechClient
 from triton_omni.launcher.triton import group_processes
@@ -48,25 +48,8 @@ def speech(server) -> bytes:
     return audio
 
 
-def engine_gauges(server, model: str = "qwen3_chat_ar") -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    return {s.name.removeprefix("triton_omni_ar_"): s.value for f in text_string_to_metric_families(text)
-            for s in f.samples if s.name.startswith("triton_omni_ar_") and s.labels.get("model") == model}
-
-
-def wait_idle(server, timeout: float = 30.0) -> dict[str, float]:
-    """The engine's gauges once nothing runs or waits (they are published every ~0.1 s)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        g = engine_gauges(server)
-        published = g.get("kv_blocks_total", 0) > 0          # a reloaded step's gauges start at 0
-        if (published and g["running_seqs"] == 0 and g["waiting_seqs"] == 0) or time.monotonic() > deadline:
-            return g
-        time.sleep(0.2)
-
-
 def assert_nothing_held(server) -> None:
-    g = wait_idle(server)
+    g = idle_gauges(server)
     assert g["running_seqs"] == 0 and g["waiting_seqs"] == 0, g
     assert g["free_slots"] == SLOTS and g["kv_blocks_used"] == 0, g
 

@@ -78,7 +78,8 @@ GROUPS = [["qwen3_5_chat", "qwen3_5_vl_chat", "qwen3_embed", "vjepa2_embed"],
           ["qwen3_moe_chat", "qwen3_5_moe_chat", "qwen3_asr", "omniasr_llm", "higgs_audio"],
           ["qwen3_tts", "qwen3_tts_base", "fish_s2_tts", "chatterbox_tts"],
           ["bagel", "qwen_image_edit", "joyai_image_edit"],
-          ["wan2_2_ti2v", "wan2_2_t2v_a14b", "wan2_2_i2v_a14b"]]
+          ["wan2_2_ti2v", "wan2_2_t2v_a14b", "wan2_2_i2v_a14b"],
+          ["cosmos3_t2v", "qwen3_omni"]]
 
 
 class Tally:

@@ -26,6 +26,7 @@ from triton_omni.encoders.attention import packed_attention
 from triton_omni.encoders.whisper import whisper_frames, whisper_log_mel
 from triton_omni.media.audio_signal import mel_filters
 from triton_omni.models.layers import MergedLinear
+from triton_omni.models.loader import load_weights
 
 CHUNK_FRAMES_AFTER_CNN = 13          # frames of one full chunk after the three stride-2 convs
 RATE = 16000
@@ -114,6 +115,19 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> tor
 
 def tower_mel_filters(config: Qwen3AudioConfig) -> torch.Tensor:
     return torch.from_numpy(mel_filters(RATE, 400, config.num_mel_bins, 0.0, 8000.0))
+
+
+def materialize_tower(model: nn.Module, config: Qwen3AudioConfig, folder, device: str, dtype: torch.dtype) -> nn.Module:
+    """A model holding `audio_tower` and `mel_filters`, built on the meta device: its buffers made, the
+    folder's weights loaded, moved to `device` and `dtype`, in eval mode."""
+    model = model.to_empty(device="cpu")
+    model.audio_tower.reset_buffers()
+    model.mel_filters.copy_(tower_mel_filters(config))
+    load_weights(model, folder)
+    model = model.to(device=device)
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+    return model.eval()
 
 
 def chunked_features(clips: list[torch.Tensor], filters: torch.Tensor, config: Qwen3AudioConfig

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triton_omni.encoders.qwen3_audio import AudioTower, Qwen3AudioConfig, chunk_mel, encoder_frames, tower_mel_filters
+from triton_omni.encoders.qwen3_audio import (AudioTower, Qwen3AudioConfig, chunk_mel, encoder_frames,
+                                              materialize_tower, tower_mel_filters)
 from triton_omni.encoders.whisper import WHISPER_FFT, WHISPER_HOP, whisper_log_mel
-from triton_omni.models.loader import load_weights
 
 MODEL_TYPE = "qwen3_omni_moe"
 MIN_SAMPLES = WHISPER_FFT + 1        # the centred STFT's reflect padding needs more than half a window
@@ -107,11 +107,4 @@ class Qwen3OmniAudioEncoder(nn.Module):
         with torch.device("meta"):
             model = cls.build(folder)
         config = model.config
-        model = model.to_empty(device="cpu")
-        model.audio_tower.reset_buffers()
-        model.mel_filters.copy_(tower_mel_filters(config))
-        load_weights(model, folder)
-        model = model.to(device=device)
-        for p in model.parameters():
-            p.data = p.data.to(dtype)
-        return model.eval()
+        return materialize_tower(model, config, folder, device, dtype)

@@ -25,7 +25,7 @@ from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, Step, StepContext, register
-from triton_omni.text.chat import PROMPT_INPUTS, ChatPreParams, ChatPreprocess
+from triton_omni.text.chat import ChatPreParams, ChatPreprocess
 
 AUDIO_PAD = "<|audio_pad|>"
 AUDIO_SAMPLES = TensorSpec("audio_samples", "TYPE_FP32", (-1,))
@@ -74,24 +74,11 @@ class Qwen3OmniPre(ChatPreprocess):
                 raise InvalidInput("text_input" if isinstance(prompt, str) else "prompt_token_ids",
                                    "audio placeholders need messages with audio content parts")
             return prompt
-        if req.get("text_input") is not None or req.get("prompt_token_ids") is not None:
-            raise InvalidInput("messages", "give exactly one of 'messages', 'text_input' or 'prompt_token_ids'")
-        for name in PROMPT_INPUTS:
-            value = req.get(name)
-            if value is not None and value.size and len(value.reshape(-1)[0]) > self.params.max_messages_bytes:
-                raise InvalidInput(name, f"more than {self.params.max_messages_bytes} bytes")
+        self.check_messages_only(req)
         messages, parts = parse_audio_messages(req.json("messages"), AudioInputs(req.get("audios")))
         if len(parts) > self.params.max_audios:
             raise InvalidInput("messages", f"{len(parts)} audio clips; this model takes at most {self.params.max_audios}")
-        kwargs = req.json("chat_template_kwargs", {})
-        if not isinstance(kwargs, dict):
-            raise InvalidInput("chat_template_kwargs", "expected a JSON object")
-        if tools.rendered:
-            kwargs = {**kwargs, "tools": tools.rendered}
-        try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
-        except Exception as e:  # noqa: BLE001 - the template refused this conversation
-            raise InvalidInput("messages", f"the chat template cannot render them: {e}") from None
+        text = self.render_chat(messages, req, tools)
         req.clips = [self.clip(p) for p in parts]
         pieces = text.split(AUDIO_PAD)
         if len(pieces) != len(req.clips) + 1:

@@ -133,14 +133,38 @@ class ChatPreprocess(Step):
                  "sampling_parameters": string_array(json.dumps({"max_tokens": 4}))}
                 for n in spec.tokens or [16] if n < self.params.max_model_len // 2]
 
-    def prompt_text(self, req: Request, tools: "ToolRequest") -> str | list[int]:
-        """The text to tokenize: `text_input` as given, or `messages` through the chat template."""
+    def check_prompt_sizes(self, req: Request) -> None:
+        """Each prompt input within max_messages_bytes, before any of it is parsed."""
         most = self.params.max_messages_bytes
         for name in PROMPT_INPUTS:
             value = req.get(name)
             size = len(value.reshape(-1)[0]) if value is not None and value.size else 0
             if size > most:
                 raise InvalidInput(name, f"{size} bytes; at most {most} are accepted")
+
+    def check_messages_only(self, req: Request) -> None:
+        """A media chat (images, audio) takes `messages` alone, each prompt input within its size."""
+        if req.get("text_input") is not None or req.get("prompt_token_ids") is not None:
+            raise InvalidInput("messages", "give exactly one of 'messages', 'text_input' or 'prompt_token_ids'")
+        self.check_prompt_sizes(req)
+
+    def render_chat(self, messages: list[dict], req: Request, tools: "ToolRequest") -> str:
+        """Parsed `messages` through the chat template, with the request's template kwargs and tools."""
+        kwargs = req.json("chat_template_kwargs", {})
+        if not isinstance(kwargs, dict):
+            raise InvalidInput("chat_template_kwargs", "expected a JSON object")
+        if tools.rendered:
+            kwargs = {**kwargs, "tools": tools.rendered}
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+        except InvalidInput:
+            raise
+        except Exception as e:  # noqa: BLE001 - the template refused this conversation (jinja's raise_exception)
+            raise InvalidInput("messages", f"the chat template cannot render them: {e}") from None
+
+    def prompt_text(self, req: Request, tools: "ToolRequest") -> str | list[int]:
+        """The text to tokenize: `text_input` as given, or `messages` through the chat template."""
+        self.check_prompt_sizes(req)
         text = req.string("text_input")
         messages = req.json("messages")
         ids = req.get("prompt_token_ids")
@@ -154,18 +178,7 @@ class ChatPreprocess(Step):
             if not text:
                 raise InvalidInput("text_input", "is empty")
             return text
-        kwargs = req.json("chat_template_kwargs", {})
-        if not isinstance(kwargs, dict):
-            raise InvalidInput("chat_template_kwargs", "expected a JSON object")
-        if tools.rendered:
-            kwargs = {**kwargs, "tools": tools.rendered}
-        try:
-            return self.tokenizer.apply_chat_template(parse_messages(messages), add_generation_prompt=True,
-                                                      tokenize=False, **kwargs)
-        except InvalidInput:
-            raise
-        except Exception as e:  # noqa: BLE001 - the template refused this conversation (jinja's raise_exception)
-            raise InvalidInput("messages", f"the chat template cannot render them: {e}") from None
+        return self.render_chat(parse_messages(messages), req, tools)
 
     def request_plan(self, req: Request) -> tuple[str | list[int], SamplingParams, ReplyOptions]:
         """A request's prompt text, its sampling parameters (over the checkpoint's defaults, with the

@@ -30,9 +30,8 @@ from torch import nn
 
 from triton_omni.encoders.qwen3_audio import (CHUNK_FRAMES_AFTER_CNN, AudioTower, EncoderLayer,  # noqa: F401
                                               Qwen3AudioConfig, after_cnn, chunked_features, encoder_frames,
-                                              sinusoids, tower_mel_filters)
+                                              materialize_tower, sinusoids, tower_mel_filters)
 from triton_omni.encoders.whisper import whisper_frames
-from triton_omni.models.loader import load_weights
 
 # the tower is encoders/qwen3_audio.py's (Qwen3-Omni's audio tower is the same); the names stay importable here
 Qwen3ASREncoderConfig = Qwen3AudioConfig
@@ -89,11 +88,4 @@ class Qwen3ASRAudioEncoder(nn.Module):
         config = Qwen3ASREncoderConfig.from_dict(audio)
         with torch.device("meta"):
             model = cls(config)
-        model = model.to_empty(device="cpu")
-        model.audio_tower.reset_buffers()
-        model.mel_filters.copy_(tower_mel_filters(config))
-        load_weights(model, folder)
-        model = model.to(device=device)
-        for p in model.parameters():
-            p.data = p.data.to(dtype)
-        return model.eval()
+        return materialize_tower(model, config, folder, device, dtype)

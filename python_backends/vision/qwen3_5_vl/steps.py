@@ -21,7 +21,7 @@ from triton_omni.runtime.errors import InvalidInput
 from triton_omni.runtime.params import torch_dtype
 from triton_omni.runtime.spec import TensorSpec
 from triton_omni.runtime.step import Request, StepContext, register
-from triton_omni.text.chat import PROMPT_INPUTS, ChatPreParams, ChatPreprocess
+from triton_omni.text.chat import ChatPreParams, ChatPreprocess
 from triton_omni.vision.packed import PackedStep
 from triton_omni.vision.chat import MediaInputs, MediaPart, parse_vision_messages
 from triton_omni.vision.qwen3_5_vl import processor as proc
@@ -89,12 +89,7 @@ class Qwen3_5VLPreprocess(ChatPreprocess):
                 raise InvalidInput("text_input" if isinstance(prompt, str) else "prompt_token_ids",
                                    "image and video placeholders need messages with media parts")
             return prompt
-        if req.get("text_input") is not None or req.get("prompt_token_ids") is not None:
-            raise InvalidInput("messages", "give exactly one of 'messages', 'text_input' or 'prompt_token_ids'")
-        for name in PROMPT_INPUTS:
-            value = req.get(name)
-            if value is not None and value.size and len(value.reshape(-1)[0]) > self.params.max_messages_bytes:
-                raise InvalidInput(name, f"more than {self.params.max_messages_bytes} bytes")
+        self.check_messages_only(req)
         template_messages, media = parse_vision_messages(req.json("messages"),
                                                          MediaInputs(req.get("images"), req.get("videos")))
         p = self.params
@@ -102,16 +97,7 @@ class Qwen3_5VLPreprocess(ChatPreprocess):
             n = sum(m.kind == kind for m in media)
             if n > most:
                 raise InvalidInput("messages", f"{n} {kind}s; this model takes at most {most} a request")
-        kwargs = req.json("chat_template_kwargs", {})
-        if not isinstance(kwargs, dict):
-            raise InvalidInput("chat_template_kwargs", "expected a JSON object")
-        if tools.rendered:
-            kwargs = {**kwargs, "tools": tools.rendered}
-        try:
-            text = self.tokenizer.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False,
-                                                      **kwargs)
-        except Exception as e:  # noqa: BLE001 - the template refused this conversation
-            raise InvalidInput("messages", f"the chat template cannot render them: {e}") from None
+        text = self.render_chat(template_messages, req, tools)
         patches, grids, images, videos = self.pixels(media, req)
         req.vision = (patches, grids)
         return proc.expand_prompt(text, images, videos, self.layout.merge_size)
