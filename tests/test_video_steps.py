@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from PIL import Image
 
 from triton_omni.converters.schema import load_ensemble
 from triton_omni.media.video import decode_video, encode_mp4
-from triton_omni.runtime.errors import Cancelled, InvalidInput
+from triton_omni.runtime.errors import Cancelled, InvalidInput, Unavailable
 from triton_omni.runtime.params import parse_params
 from triton_omni.runtime.step import Request, ResponseSink, StepContext
 from triton_omni.video.request import VideoLimits, parse_request
@@ -320,6 +321,29 @@ def test_an_aborted_clip_frees_its_slot_for_the_next(models):
         stats = step.loop.stats
         assert (stats.clips_cancelled, stats.clips_finished, stats.active_clips) == (1, 1, 0)
         assert watch.done.is_set() and len(watch.responses) < 100
+    finally:
+        for s in steps.values():
+            s.close()
+
+
+def test_clips_past_max_waiting_clips_are_refused_at_once(models):
+    steps = load_steps("wan2_2_ti2v", denoise={"max_clips": 1, "max_waiting_clips": 1})
+    try:
+        step = steps["denoise"]
+        long, short = denoise_inputs(models, "wan2_2_ti2v", [("long", 1), ("short", 2)], steps=2)
+        long = {**long, "num_inference_steps": np.array([100], np.int32)}
+        slow = submit(step, long, "long")
+        deadline = time.monotonic() + 30
+        while not step.loop.active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert step.loop.active and not step.loop.waiting  # running: the one slot taken
+        queued = submit(step, short, "queued")             # the one place in the queue
+        with pytest.raises(Unavailable, match="max_waiting_clips = 1"):
+            submit(step, short, "refused")
+        step.submit(Request(fields(abort_request_id="long")), Sink())
+        assert queued.result(60)["latents"].shape == (48, 3, 2, 4)
+        with pytest.raises(Cancelled):
+            slow.result()
     finally:
         for s in steps.values():
             s.close()

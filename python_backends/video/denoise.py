@@ -33,7 +33,7 @@ import torch
 from triton_omni.diffusion.attention import set_attention
 from triton_omni.diffusion.checkpoint import pipeline_folder
 from triton_omni.diffusion.tensors import to_torch
-from triton_omni.runtime.errors import InvalidInput
+from triton_omni.runtime.errors import InvalidInput, Unavailable
 from triton_omni.runtime.front import ABORT_INPUT, PROGRESS_INPUT
 from triton_omni.runtime.metrics import Gauge
 from triton_omni.runtime.spec import TensorSpec
@@ -53,6 +53,7 @@ class VideoDenoiseParams(ServedClips):
     attention: str = "native"      # the transformer's attention kernel (diffusion/attention.py)
     max_clips: int = 4             # clips denoised at once (their model calls shared); more wait their turn
     max_rows: int = 8              # rows (clips x CFG branches) of one model call at most
+    max_waiting_clips: int = 64    # clips waiting for a slot at most; past it UNAVAILABLE at once ("retry later")
     text_len: int = 512            # prompt embeddings are zero-padded to this many tokens (the pipelines'
                                    #   max_sequence_length: the transformer attends to the padding too)
 
@@ -223,6 +224,10 @@ class VideoDenoiseStep(Step):
         if watched is not None:
             self.loop.watch(watched, sink)
             return
+        waiting = self.loop.inbox.qsize() + len(self.loop.waiting)    # read across threads: a bound, not a count
+        if waiting >= self.params.max_waiting_clips:
+            raise Unavailable(f"{waiting} clips are waiting for this model, the most it queues "
+                              f"(max_waiting_clips = {self.params.max_waiting_clips}); retry later")
         self.loop.add(self.clip(request, sink))
 
     def _publish(self, stats: LoopStats) -> None:
