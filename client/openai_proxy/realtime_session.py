@@ -118,12 +118,8 @@ class SessionConfig:
             param = f"session.{key}"
             if key in ("id", "object", "type"):          # echoed back by clients; "type": "realtime" (newer API)
                 continue
-            if key == "model":
-                changes["model"] = _name(value, param)
-            elif key == "speech_model":
-                changes["speech_model"] = _name(value, param)
-            elif key == "voice":
-                changes["voice"] = _name(value, param)
+            if key in ("model", "speech_model", "voice"):
+                changes[key] = _name(value, param)
             elif key == "input_audio_transcription":
                 if value is not None and (not isinstance(value, dict) or not set(value) <= {"model", "language",
                                                                                          "prompt"}):

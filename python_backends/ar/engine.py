@@ -156,12 +156,16 @@ class LLMEngine:
         self._wake.set()
         return seq
 
+    def _waiting(self) -> int:
+        """Sequences not yet running: in the inbox and queued for prefill (each sample of n counts)."""
+        return self._inbox.qsize() + sum(1 + len(s.forks) for s in list(self.scheduler.waiting))
+
     def occupancy(self) -> dict[str, int]:
         """Sequences running and waiting, KV blocks held by sequences, free decode slots: the gauges an
         operator watches (a slot or a block still held after the requests ended is a leak)."""
         blocks = self.blocks
         return {"running_seqs": len(self.scheduler.running),
-                "waiting_seqs": sum(1 + len(s.forks) for s in list(self.scheduler.waiting)) + self._inbox.qsize(),
+                "waiting_seqs": self._waiting(),
                 "kv_blocks_used": blocks.num_blocks - blocks.cache.num_available(),
                 "kv_blocks_total": blocks.num_blocks, "free_slots": len(blocks.free_slots)}
 
@@ -171,7 +175,7 @@ class LLMEngine:
         bound = self.config.max_waiting_seqs
         if not bound:
             return
-        waiting = self._inbox.qsize() + sum(1 + len(s.forks) for s in list(self.scheduler.waiting))
+        waiting = self._waiting()
         free = max(0, self.config.max_num_seqs - len(self.scheduler.running))   # those start at the next step
         if waiting + 1 + len(seq.forks) > bound + free:
             self.stats.refused += 1
